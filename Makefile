@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make train` (CPU demo) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install train test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch first, so no dependency pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(PY) train.py --config recipes/demo-cpu.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/envs.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,42 @@
+"""Text environments for multi-turn agent RL, registered in Gymnasium's ``starpo`` namespace.
+
+``import envs`` registers:
+
+===========================  ===============================================================
+``starpo/Bandit-v0``         two named arms, one pull (``envs.bandit``)
+``starpo/BanditTest-v0``     the same with held-out arm names, for the generalisation check
+``starpo/Sokoban-v0``        6x6 room, one box (``envs.sokoban``)
+``starpo/SokobanAlt-v0``     the same with another symbol set
+``starpo/FrozenLake-v0``     random slippery 4x4 lake per seed (``envs.frozen_lake``)
+``starpo/Countdown-v0``      reach a target with + - * / (``envs.countdown``)
+``starpo/Arithmetic-v0``     generated math questions (``envs.arithmetic``)
+``starpo/Taxi-v0``           Gymnasium's Taxi as text (``envs.toy_text``)
+``starpo/CliffWalking-v0``   Gymnasium's CliffWalking as text (``envs.toy_text``)
+===========================  ===============================================================
+
+Any of them: ``gymnasium.make("starpo/Sokoban-v0", dim_room=(8, 8), num_boxes=2)``.
+"""
+
+from gymnasium.envs.registration import register, registry
+
+from envs.base import TextEnv, noisy_expert_action
+
+ENV_IDS: dict[str, tuple[str, dict]] = {
+    "starpo/Bandit-v0": ("envs.bandit:BanditEnv", {}),
+    "starpo/BanditTest-v0": ("envs.bandit:BanditEnv", {"arm_names": ("Tiger", "Crane")}),
+    "starpo/Sokoban-v0": ("envs.sokoban:SokobanEnv", {}),
+    "starpo/SokobanAlt-v0": ("envs.sokoban:SokobanEnv", {"symbols": "alt"}),
+    "starpo/FrozenLake-v0": ("envs.frozen_lake:FrozenLakeEnv", {}),
+    "starpo/Countdown-v0": ("envs.countdown:CountdownEnv", {}),
+    "starpo/Arithmetic-v0": ("envs.arithmetic:ArithmeticEnv", {}),
+    "starpo/Taxi-v0": ("envs.toy_text:taxi", {}),
+    "starpo/CliffWalking-v0": ("envs.toy_text:cliff_walking", {}),
+}
+
+for _id, (_entry, _kwargs) in ENV_IDS.items():
+    if _id not in registry:
+        # No TimeLimit/OrderEnforcing wrappers: each env counts its own steps, and the episode
+        # engine drives reset/step itself.
+        register(id=_id, entry_point=_entry, kwargs=_kwargs, disable_env_checker=True, order_enforce=False)
+
+__all__ = ["ENV_IDS", "TextEnv", "noisy_expert_action"]

@@ -1,0 +1,106 @@
+"""Two-armed bandit: one pull, one turn.
+
+## Description
+Two named arms. One is safe (always pays ``safe_reward``), the other risky (pays ``risky_reward``
+with probability ``risky_prob``, else 0). The seed decides which name is the risky arm; the
+observation describes both, so the agent must read it. With the defaults the risky arm is the
+better bet (expected 0.25 against 0.15). Training uses the names ``Dragon``/``Phoenix``; the
+registered test variant ``starpo/BanditTest-v0`` uses ``Tiger``/``Crane`` to check that the
+learned behaviour is not tied to two words.
+
+## Actions
+The arm names, e.g. ``Dragon`` or ``Phoenix`` (case-insensitive). Anything else is an invalid
+action: nothing is pulled and the step counts.
+
+## Observation
+::
+
+    Arm Dragon: pays 0.15 every time.
+    Arm Phoenix: pays 1.0 with probability 0.25, otherwise 0.
+
+## Rewards
+The pulled arm's payout.
+
+## Termination
+Terminated after the first valid pull. ``success`` means the arm with the higher expected payout
+was chosen, whatever the draw paid. Truncated after ``max_steps`` invalid actions.
+
+## Arguments
+``arm_names=("Dragon", "Phoenix")``, ``safe_reward=0.15``, ``risky_reward=1.0``,
+``risky_prob=0.25``, ``max_steps=10``, ``render_mode=None | "ansi"``.
+
+## Version history
+v0: first version.
+"""
+
+from __future__ import annotations
+
+from envs.base import TextEnv, step_info
+
+TRAIN_ARMS = ("Dragon", "Phoenix")
+TEST_ARMS = ("Tiger", "Crane")
+
+
+class BanditEnv(TextEnv):
+    def __init__(
+        self,
+        arm_names: tuple[str, str] | list[str] = TRAIN_ARMS,
+        safe_reward: float = 0.15,
+        risky_reward: float = 1.0,
+        risky_prob: float = 0.25,
+        max_steps: int = 10,
+        render_mode: str | None = None,
+    ):
+        super().__init__(render_mode)
+        if len(arm_names) != 2 or arm_names[0].lower() == arm_names[1].lower():
+            raise ValueError(f"arm_names must be two different names, got {arm_names!r}")
+        if not 0 <= risky_prob <= 1:
+            raise ValueError(f"risky_prob must be in [0, 1], got {risky_prob}")
+        self.action_names = list(arm_names)
+        self.safe_reward, self.risky_reward, self.risky_prob = safe_reward, risky_reward, risky_prob
+        self.max_steps = max_steps
+        self.instructions = (
+            f"You are playing a two-armed bandit. Pull exactly one arm: {arm_names[0]} or {arm_names[1]}. "
+            "Each arm's payout is described below. Choose the arm with the higher expected reward. "
+            f"Actions: {', '.join(arm_names)}."
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.risky = int(self.np_random.integers(2))
+        self.pulled: int | None = None
+        self.steps = 0
+        return self.render_text(), step_info(False, True, False)
+
+    def _describe(self, arm: int) -> str:
+        if arm == self.risky:
+            return f"pays {self.risky_reward} with probability {self.risky_prob}, otherwise 0."
+        return f"pays {self.safe_reward} every time."
+
+    @property
+    def best_arm(self) -> int:
+        return self.risky if self.risky_reward * self.risky_prob > self.safe_reward else 1 - self.risky
+
+    def step(self, action: str):
+        self.steps += 1
+        idx = self.match_action(action)
+        if self.pulled is not None or idx is None:
+            done = self.pulled is not None
+            return self.render_text(), 0.0, done, self.steps >= self.max_steps and not done, step_info(
+                done and self.pulled == self.best_arm, idx is not None, False
+            )
+        self.pulled = idx
+        if idx == self.risky:
+            reward = self.risky_reward if self.np_random.random() < self.risky_prob else 0.0
+        else:
+            reward = self.safe_reward
+        return self.render_text(), float(reward), True, False, step_info(idx == self.best_arm, True, True)
+
+    def render_text(self) -> str:
+        lines = [f"Arm {name}: {self._describe(i)}" for i, name in enumerate(self.action_names)]
+        if self.pulled is not None:
+            lines.append(f"You pulled {self.action_names[self.pulled]}.")
+        return "\n".join(lines)
+
+    def expert_action(self) -> str:
+        return self.action_names[self.best_arm]

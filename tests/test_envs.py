@@ -1,0 +1,302 @@
+import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
+from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envs
+from envs.bandit import BanditEnv
+from envs.countdown import CountdownEnv, score_answer, solve as solve_countdown
+from envs.expression import parse_expression
+from envs.sokoban import TARGET, WALL, SokobanEnv, solve as solve_sokoban
+
+ALL_IDS = list(envs.ENV_IDS)
+NAMED_ACTION_IDS = [i for i in ALL_IDS if gym.make(i).unwrapped.action_names is not None]
+
+
+@pytest.mark.parametrize("env_id", ALL_IDS)
+def test_gymnasium_env_checker_passes(env_id):
+    env = gym.make(env_id, render_mode="ansi")
+    check_env(env.unwrapped, skip_render_check=False)
+
+
+@pytest.mark.parametrize("env_id", ALL_IDS)
+def test_contract_info_keys_and_unknown_action(env_id):
+    env = gym.make(env_id).unwrapped
+    obs, info = env.reset(seed=3)
+    assert isinstance(obs, str) and obs
+    assert {"success", "action_is_valid", "action_is_effective"} <= set(info)
+    assert isinstance(env.instructions, str) and env.instructions
+    if env.action_names is None:
+        return  # free-text envs: an unparseable answer is scored in their own tests
+    obs2, reward, terminated, truncated, info = env.step("definitely not an action")
+    assert obs2 == obs
+    assert info["action_is_valid"] is False and info["action_is_effective"] is False
+    assert not terminated
+
+
+@pytest.mark.parametrize("env_id", NAMED_ACTION_IDS)
+def test_actions_match_case_insensitively(env_id):
+    env = gym.make(env_id).unwrapped
+    env.reset(seed=1)
+    name = env.action_names[0]
+    assert env.match_action(f"  {name.upper()}\n") == 0
+    assert env.match_action(name.lower()) == 0
+
+
+# -- determinism across processes -------------------------------------------------------------------
+SCRIPT = """
+import json, gymnasium as gym, envs
+out = {}
+for env_id in envs.ENV_IDS:
+    env = gym.make(env_id).unwrapped
+    obs, _ = env.reset(seed=123)
+    trace = [obs]
+    for i in range(6):
+        action = env.action_names[i % len(env.action_names)] if env.action_names else "1 + 2"
+        o, r, term, trunc, info = env.step(action)
+        trace.append([o, r, term, trunc, info["success"]])
+        if term or trunc:
+            break
+    out[env_id] = trace
+print(json.dumps(out))
+"""
+
+
+def test_same_seed_same_episode_in_two_processes_with_different_hash_seeds():
+    outputs = []
+    for hash_seed in ("1", "987654"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True)
+        outputs.append(json.loads(res.stdout))
+    assert outputs[0] == outputs[1]
+    assert set(outputs[0]) == set(ALL_IDS)
+
+
+# -- Sokoban ------------------------------------------------------------------------------------------
+def test_500_sokoban_rooms_are_solved_by_the_solver():
+    env = SokobanEnv()
+    for seed in range(500):
+        env.reset(seed=seed)
+        plan = solve_sokoban(env.fixed, env.boxes, env.player)
+        assert plan, f"seed {seed} unsolvable or already solved"
+        total = 0.0
+        for i, action in enumerate(plan):
+            _, r, term, _, info = env.step(action)
+            total += r
+            assert term == (i == len(plan) - 1)
+        assert info["success"]
+
+
+def _room(rows):
+    env = SokobanEnv(dim_room=(len(rows), len(rows[0])))
+    env.reset(seed=0)
+    env.fixed = np.array([[WALL if ch == "#" else (TARGET if ch in "OS√" else 1) for ch in row] for row in rows], dtype=np.int8)
+    env.boxes = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "X√"}
+    env.player = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PS")
+    return env
+
+
+def test_sokoban_rewards_by_hand():
+    env = _room(["######", "#P_XO#", "#____#", "######"])
+    assert env.render_text() == "######\n#P_XO#\n#____#\n######"
+    _, r, term, _, info = env.step("Right")  # walk: step cost only
+    assert r == pytest.approx(-0.1) and not term and info["action_is_effective"]
+    _, r, term, _, info = env.step("right")  # box onto target: -0.1 + 1 + 10
+    assert r == pytest.approx(10.9) and term and info["success"]
+    assert env.render_text() == "######\n#__P√#\n#____#\n######"
+
+    env = _room(["######", "#_P√_#", "#____#", "######"])
+    _, r, term, _, _ = env.step("Right")  # box off target: -0.1 - 1
+    assert r == pytest.approx(-1.1) and not term
+    assert env.render_text() == "######\n#__SX#\n#____#\n######"
+
+    env = _room(["######", "#P___#", "#X_O_#", "######"])
+    _, r, _, _, info = env.step("Up")  # wall bump: valid, not effective, step cost
+    assert r == pytest.approx(-0.1) and info["action_is_valid"] and not info["action_is_effective"]
+    _, r, _, _, info = env.step("Jump")
+    assert r == pytest.approx(-0.1) and not info["action_is_valid"]
+
+
+def test_sokoban_blocked_push_and_truncation():
+    env = _room(["#####", "#PXX#", "#_O_#", "#####"])
+    env.max_steps, env.steps = 2, 0
+    before = env.render_text()
+    _, r, term, trunc, info = env.step("Right")  # box against box: nothing moves
+    assert env.render_text() == before and not info["action_is_effective"] and not trunc
+    _, _, term, trunc, _ = env.step("Right")
+    assert trunc and not term
+
+
+def test_sokoban_alt_symbols_and_larger_rooms():
+    env = gym.make("starpo/SokobanAlt-v0").unwrapped
+    obs, _ = env.reset(seed=0)
+    assert "#" not in obs and "W" in obs and "A" in obs
+    big = SokobanEnv(dim_room=(8, 8), num_boxes=2)
+    for seed in range(20):
+        big.reset(seed=seed)
+        assert len(big.boxes) == 2 and solve_sokoban(big.fixed, big.boxes, big.player)
+
+
+# -- FrozenLake ---------------------------------------------------------------------------------------
+def test_frozenlake_transitions_agree_with_gymnasium():
+    env = gym.make("starpo/FrozenLake-v0").unwrapped
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        env.reset(seed=seed)
+        ref = GymFrozenLake(desc=list(env.desc_rows), is_slippery=True)
+        ref_state, _ = ref.reset(seed=seed)
+        for _ in range(30):
+            a = int(rng.integers(4))
+            _, r, term, _, info = env.step(env.action_names[a])
+            ref_state, ref_r, ref_term, _, _ = ref.step(a)
+            assert env.state == ref_state and r == ref_r and term == ref_term
+            if term:
+                assert info["success"] == (env._cell(env.state) == "G")
+                break
+
+
+def test_frozenlake_render_and_rewards_by_hand():
+    env = gym.make("starpo/FrozenLake-v0", desc=["SF", "HG"], is_slippery=False).unwrapped
+    obs, _ = env.reset(seed=0)
+    assert obs == "P_\nOG"
+    obs, r, term, _, info = env.step("Right")
+    assert obs == "_P\nOG" and r == 0 and not term and info["action_is_effective"]
+    obs, r, term, _, info = env.step("Down")
+    assert obs == "__\nO√"
+    assert r == 1.0 and term and info["success"]
+    env.reset(seed=0)
+    obs, r, term, _, info = env.step("Down")
+    assert obs == "__\nXG" and r == 0 and term and not info["success"]
+
+
+def test_frozenlake_expert_beats_random():
+    env = gym.make("starpo/FrozenLake-v0").unwrapped
+    rng = np.random.default_rng(0)
+
+    def success_rate(policy):
+        wins = 0
+        for seed in range(100):
+            env.reset(seed=seed)
+            for _ in range(100):
+                _, _, term, trunc, info = env.step(policy())
+                if term or trunc:
+                    break
+            wins += info["success"]
+        return wins / 100
+
+    expert = success_rate(env.expert_action)
+    random = success_rate(lambda: env.action_names[int(rng.integers(4))])
+    assert expert > 0.5 and expert > random + 0.3
+
+
+# -- Bandit -------------------------------------------------------------------------------------------
+def test_bandit_rules_by_hand():
+    env = BanditEnv(risky_prob=1.0)
+    env.reset(seed=0)
+    risky, safe = env.action_names[env.risky], env.action_names[1 - env.risky]
+    assert f"Arm {risky}: pays 1.0 with probability 1.0" in env.render_text()
+    _, r, term, _, info = env.step(risky.upper())
+    assert r == 1.0 and term and info["success"]
+    env.reset(seed=0)
+    _, r, term, _, info = env.step(safe)
+    assert r == 0.15 and term and not info["success"]
+    env = BanditEnv(risky_prob=0.0)
+    env.reset(seed=0)
+    _, r, _, _, info = env.step(env.action_names[env.risky])
+    assert r == 0.0 and not info["success"]  # expected 0 < 0.15: the safe arm is better here
+
+
+def test_bandit_seed_decides_risky_arm_and_test_names_differ():
+    env = BanditEnv()
+    risky = {env.reset(seed=s) and env.risky for s in range(40)}
+    assert risky == {0, 1}
+    test_env = gym.make("starpo/BanditTest-v0").unwrapped
+    assert set(test_env.action_names).isdisjoint(env.action_names)
+
+
+# -- Countdown / Arithmetic ---------------------------------------------------------------------------
+def test_countdown_scoring_by_hand():
+    numbers, target = [7, 3, 5, 2], 22
+    assert score_answer("(7 - 3) * 5 + 2", numbers, target) == (1.0, True)
+    assert score_answer("(7 - 3) * 5 + 2 = 22", numbers, target) == (1.0, True)
+    assert score_answer("7 + 3 + 5 + 2", numbers, target) == (0.1, True)
+    assert score_answer("7 * 3 + 1", numbers, target) == (0.0, True)  # wrong numbers
+    assert score_answer("(7 - 3) * 5 + 2 + 0", numbers, target) == (0.0, True)  # extra number
+    assert score_answer("__import__('os')", numbers, target) == (0.0, False)
+    assert score_answer("22", numbers, target) == (0.0, True)
+
+
+def test_countdown_targets_are_reachable_and_solver_agrees():
+    env = CountdownEnv()
+    for seed in range(100):
+        env.reset(seed=seed)
+        assert 3 <= len(env.numbers) <= 4 and 1 <= env.target <= 100
+        assert solve_countdown(env.numbers, env.target) is not None
+        _, r, term, _, info = env.step(env.expert_action())
+        assert r == 1.0 and term and info["success"]
+
+
+def test_arithmetic_answers_by_hand_and_expert():
+    env = gym.make("starpo/Arithmetic-v0").unwrapped
+    for seed in range(60):
+        env.reset(seed=seed)
+        _, r, term, _, info = env.step(env.expert_action())
+        assert r == 1.0 and term and info["success"]
+    env.reset(seed=0)
+    env.answer = Fraction(7, 2)
+    assert env.step("7/2")[1] == 1.0
+    env.reset(seed=0)
+    env.answer = Fraction(42)
+    assert env.step(" 6 * 7 ")[1] == 1.0
+    env.reset(seed=0)
+    env.answer = Fraction(42)
+    _, r, _, _, info = env.step("forty-two")
+    assert r == 0.0 and not info["action_is_valid"]
+
+
+def test_expression_parser_rejects_everything_but_arithmetic():
+    assert parse_expression("1 + 2 * 3") == (Fraction(7), [Fraction(1), Fraction(2), Fraction(3)])
+    assert parse_expression("(1 + 2) / 4")[0] == Fraction(3, 4)
+    for bad in ["2 ** 1000000", "1 / 0", "x + 1", "__import__('os').system('true')", "(" * 500 + "1" + ")" * 500,
+                "9" * 5000, "1; 2", "lambda: 1", "", "1e309", "[1]", "1 if 1 else 2"]:
+        assert parse_expression(bad) is None, bad
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_parser_and_free_text_envs_never_raise(text):
+    parse_expression(text)
+    for env in (CountdownEnv(), gym.make("starpo/Arithmetic-v0").unwrapped):
+        env.reset(seed=0)
+        _, r, term, _, info = env.step(text)
+        assert r in (0.0, 0.1, 1.0) and term
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.characters(), max_size=50))
+def test_named_action_envs_never_raise(text):
+    for env_id in ("starpo/Sokoban-v0", "starpo/FrozenLake-v0", "starpo/Bandit-v0", "starpo/Taxi-v0"):
+        env = gym.make(env_id).unwrapped
+        env.reset(seed=0)
+        env.step(text)
+
+
+def test_toy_text_wrapper_expert_solves_taxi_and_cliffwalking():
+    for env_id in ("starpo/Taxi-v0", "starpo/CliffWalking-v0"):
+        env = gym.make(env_id).unwrapped
+        obs, _ = env.reset(seed=5)
+        assert "\x1b" not in obs
+        for _ in range(50):
+            _, _, term, _, info = env.step(env.expert_action())
+            if term:
+                break
+        assert term and info["success"], env_id
