@@ -104,15 +104,19 @@ def value_iteration(P: dict, n_states: int, n_actions: int, gamma: float = 0.99,
     ``P[s][a]`` is a list of ``(prob, next_state, reward, terminated)``. Returns one action per state;
     ties are broken towards the lowest action index so the policy is deterministic.
     """
+    T = np.zeros((n_states, n_actions, n_states))  # probability of s -> s2 that continues
+    R = np.zeros((n_states, n_actions))  # expected immediate reward
+    for s in range(n_states):
+        for a in range(n_actions):
+            for p, s2, r, done in P[s][a]:
+                R[s, a] += p * r
+                if not done:
+                    T[s, a, s2] += p
     V = np.zeros(n_states)
-    for _ in range(10_000):
-        Q = np.zeros((n_states, n_actions))
-        for s in range(n_states):
-            for a in range(n_actions):
-                Q[s, a] = sum(p * (r + (0.0 if done else gamma * V[s2])) for p, s2, r, done in P[s][a])
+    for _ in range(100_000):
+        Q = R + gamma * T @ V
         V_new = Q.max(axis=1)
         if np.max(np.abs(V_new - V)) < tol:
-            V = V_new
             break
         V = V_new
     return np.argmax(np.round(Q, 9), axis=1)

@@ -1,0 +1,147 @@
+"""``StarPOConfig``: TRL's ``GRPOConfig`` plus every StarPO knob, with the paper's StarPO-S defaults."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from starpo_trl.advantages import num_kept_groups
+
+FILTER_METRICS = ("std", "std_rev", "none")
+
+
+@dataclass
+class StarPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`MultiTurnStarPOTrainer`]. Every field of `trl.GRPOConfig` applies; the
+    defaults below reproduce StarPO-S from the RAGEN paper (Qwen2.5-0.5B-Instruct, 200 steps).
+
+    Parameters:
+        > Environment
+
+        env_id (`str` or `None`): Gymnasium id of the training env (e.g. `"starpo/Sokoban-v0"`).
+            With it set the trainer needs no dataset and no reward function.
+        env_kwargs (`dict` or JSON `str`): kwargs for `gymnasium.make(env_id, ...)`.
+        eval_env_id (`str` or `None`): env for held-out evaluation; defaults to `env_id`.
+        eval_env_kwargs (`dict` or JSON `str`): kwargs for the eval env; default `env_kwargs`.
+        num_start_states (`int`, default 8): start states (groups) per rollout step. Each is played
+            `num_generations` times (default 16), so one step generates 128 trajectories.
+        train_seed_offset / num_train_seeds: training start states use seeds
+            `[train_seed_offset, train_seed_offset + num_train_seeds)`.
+        eval_seed_offset / num_eval_episodes (default 256): held-out start states, disjoint from
+            training seeds by default.
+
+        > Episodes
+
+        max_turns (5), max_actions_per_turn (5), max_actions_per_episode (10): the action budgets.
+        max_tokens_per_turn (`int`, 256): cap on tokens generated in one turn.
+        max_episode_tokens (`int`, 2048): cap on completion tokens (model + env) of one episode;
+            an episode that would pass it is cut at a turn boundary.
+        enable_think (`bool`, True): ask for `<think>...</think><answer>...</answer>`.
+        format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
+            names an unknown action.
+        eval_temperature (`float`, 0.5): sampling temperature of held-out evaluation.
+
+        > StarPO-S
+
+        rollout_filter_ratio (`float`, 0.25): share of groups kept, ranked by in-group std of raw
+            trajectory reward. 1.0 keeps all (plain GRPO).
+        rollout_filter_metric (`str`, `"std"`): `"std"` keeps the most uncertain groups,
+            `"std_rev"` the least, `"none"` disables the filter.
+    """
+
+    env_id: str | None = field(default=None, metadata={"help": "Gymnasium id of the training env, e.g. starpo/Sokoban-v0."})
+    env_kwargs: dict | str | None = field(default=None, metadata={"help": "Kwargs for gymnasium.make(env_id) (dict or JSON string)."})
+    eval_env_id: str | None = field(default=None, metadata={"help": "Env for held-out evaluation (default: env_id)."})
+    eval_env_kwargs: dict | str | None = field(default=None, metadata={"help": "Kwargs for the eval env (default: env_kwargs)."})
+    num_start_states: int = field(default=8, metadata={"help": "Start states (groups) per rollout step."})
+    train_seed_offset: int = field(default=0, metadata={"help": "First training seed."})
+    num_train_seeds: int = field(default=100_000, metadata={"help": "Number of distinct training start states."})
+    eval_seed_offset: int = field(default=10_000_000, metadata={"help": "First held-out evaluation seed."})
+    num_eval_episodes: int = field(default=256, metadata={"help": "Held-out episodes per evaluation."})
+
+    max_turns: int = field(default=5, metadata={"help": "Maximum turns per episode."})
+    max_actions_per_turn: int = field(default=5, metadata={"help": "Maximum actions executed per turn."})
+    max_actions_per_episode: int = field(default=10, metadata={"help": "Maximum actions executed per episode."})
+    max_tokens_per_turn: int = field(default=256, metadata={"help": "Maximum tokens generated in one turn."})
+    max_episode_tokens: int = field(default=2048, metadata={"help": "Maximum completion tokens (model + env) per episode."})
+    enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
+    format_penalty: float = field(default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."})
+    eval_temperature: float = field(default=0.5, metadata={"help": "Sampling temperature for held-out evaluation."})
+
+    rollout_filter_ratio: float = field(default=0.25, metadata={"help": "Share of groups kept by the variance filter."})
+    rollout_filter_metric: str = field(default="std", metadata={"help": "Filter ranking: std, std_rev or none."})
+
+    # StarPO-S defaults for fields GRPOConfig already has
+    num_generations: int | None = field(default=16, metadata={"help": "Trajectories per start state (group size)."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip (clip-higher)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient (StarPO-S uses none)."})
+    entropy_coef: float = field(default=0.001, metadata={"help": "Entropy bonus coefficient."})
+    learning_rate: float = field(default=1e-6, metadata={"help": "Actor learning rate (paper: 1e-6 full, 1e-5 LoRA)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Trajectories per forward/backward micro-batch before filtering."})
+    gradient_accumulation_steps: int = field(default=8, metadata={"help": "Micro-batches per optimizer step."})
+    max_steps: int = field(default=200, metadata={"help": "Training steps (rollout + update)."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
+    remove_unused_columns: bool | None = field(default=False, metadata={"help": "Keep the start-state columns."})
+
+    def __post_init__(self):
+        for name in ("env_kwargs", "eval_env_kwargs"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}: {err}") from None
+        self.env_kwargs = dict(self.env_kwargs or {})
+        self.eval_env_kwargs = dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
+        self.eval_env_id = self.eval_env_id or self.env_id
+        if self.env_id is not None:
+            from starpo_trl.envs_registry import check_env_id
+
+            check_env_id(self.env_id, "env_id")
+            check_env_id(self.eval_env_id, "eval_env_id")
+        if self.rollout_filter_metric not in FILTER_METRICS:
+            raise ValueError(f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}")
+        if not 0.0 < self.rollout_filter_ratio <= 1.0:
+            raise ValueError(
+                f"rollout_filter_ratio={self.rollout_filter_ratio} keeps no group: use a value in (0, 1] "
+                "(0.25 keeps the top quarter of groups; 1.0 disables the filter)."
+            )
+        for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_tokens_per_turn", "max_episode_tokens", "num_start_states"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_completion_length is None or self.max_completion_length < self.max_episode_tokens:
+            self.max_completion_length = self.max_episode_tokens
+        if self.bf16 is None and not self.fp16:
+            import torch
+
+            # TRL turns bf16 on by default; on a machine without a bf16 GPU train in fp32 instead of failing.
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if self.generation_batch_size is None and self.steps_per_generation is None:
+            self.generation_batch_size = self.num_start_states * self.num_generations
+        super().__post_init__()
+        groups = self.generation_batch_size // self.num_generations
+        if groups != self.num_start_states:
+            raise ValueError(
+                f"generation_batch_size={self.generation_batch_size} makes {groups} groups of {self.num_generations}, "
+                f"but num_start_states={self.num_start_states}: set only num_start_states."
+            )
+        rows_per_process = self.generation_batch_size // self.world_size
+        if rows_per_process % self.num_generations:
+            raise ValueError(
+                f"Each process generates {rows_per_process} trajectories, not a whole number of groups of "
+                f"{self.num_generations}: make num_start_states a multiple of the number of processes ({self.world_size})."
+            )
+        kept_groups = num_kept_groups(groups // self.world_size, self.rollout_filter_ratio if self.rollout_filter_metric != "none" else 1.0)
+        kept = kept_groups * self.num_generations
+        if kept < self.steps_per_generation or kept % self.steps_per_generation:
+            raise ValueError(
+                f"The variance filter keeps {kept} trajectories per process ({kept_groups} of {groups // self.world_size} "
+                f"groups x {self.num_generations}), which cannot be split into steps_per_generation="
+                f"{self.steps_per_generation} equal micro-batches. Raise rollout_filter_ratio or num_start_states, or lower "
+                "gradient_accumulation_steps / raise per_device_train_batch_size so that steps_per_generation divides it."
+            )

@@ -1,0 +1,79 @@
+"""Turn text and answer parsing: what the model reads each turn and how its reply becomes actions.
+
+The format follows the paper's code: a system line; a first user message with the env's
+instructions, the action budget and turn 1; then one user message per turn with the last turn's
+reward and the new state. The model answers ``<think>...</think><answer>...</answer>`` (or only
+``<answer>...</answer>`` with ``enable_think=False``); the answer is split on ``||`` into actions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+ACTION_SEPARATOR = "||"
+THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_ONLY = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+MAX_ANSWER_CHARS = 4096
+
+
+def format_instruction(enable_think: bool) -> str:
+    if enable_think:
+        return "Always output: <think> [your thoughts] </think> <answer> [your answer] </answer> with no extra text."
+    return "Always output: <answer> [your answer] </answer> with no extra text."
+
+
+def first_user_message(env, observation: str, max_actions_per_turn: int, max_turns: int, enable_think: bool) -> str:
+    env = env.unwrapped if hasattr(env, "unwrapped") else env
+    if env.action_names is not None:
+        budget = f"You can make up to {max_actions_per_turn} actions per turn, separated by {ACTION_SEPARATOR}."
+    else:
+        budget = "Give one answer."
+    return (
+        f"{env.instructions}\n{budget} You have at most {max_turns} turns.\n"
+        + turn_message(1, observation, actions_left=None, reward=None, enable_think=enable_think)
+    )
+
+
+def turn_message(turn: int, observation: str, actions_left: int | None, reward: float | None, enable_think: bool) -> str:
+    parts = []
+    if reward is not None:
+        parts.append(f"Reward: {reward:g}")
+    parts.append(f"Turn {turn}:\nState:\n{observation}")
+    if actions_left is not None:
+        parts.append(f"You have {actions_left} actions left.")
+    parts.append(format_instruction(enable_think))
+    return "\n".join(parts)
+
+
+@dataclass
+class ParsedReply:
+    think: str | None
+    answer: str | None
+    actions: list[str] = field(default_factory=list)
+    format_ok: bool = False
+
+
+def parse_reply(text: str, enable_think: bool = True, split_actions: bool = True, max_actions: int | None = None) -> ParsedReply:
+    """Parse a model reply. Never raises: a reply without the format gives ``format_ok=False``.
+
+    ``split_actions=False`` keeps the whole answer as one action (free-text envs).
+    ``max_actions`` caps the number of actions returned (the rest are ignored, not penalised).
+    """
+    if not isinstance(text, str):
+        return ParsedReply(None, None)
+    match = (THINK_ANSWER if enable_think else ANSWER_ONLY).search(text)
+    if match is None:
+        return ParsedReply(None, None)
+    think = match.group(1).strip() if enable_think else None
+    answer = match.group(match.lastindex).strip()
+    if not answer or len(answer) > MAX_ANSWER_CHARS:
+        return ParsedReply(think, answer or None)
+    if split_actions:
+        actions = [a.strip() for a in answer.split(ACTION_SEPARATOR) if a.strip()]
+    else:
+        actions = [answer]
+    if max_actions is not None:
+        actions = actions[:max_actions]
+    return ParsedReply(think, answer, actions, format_ok=bool(actions))

@@ -1,0 +1,318 @@
+"""The episode engine: many text-env episodes at once, token in, token out.
+
+For a batch of start states it resets the envs, then per turn:
+
+1. collects the token sequences of every still-active episode and generates all of them in ONE
+   batched call of the generation backend;
+2. appends the sampled token ids verbatim (env mask 1, with their sampling logprobs);
+3. parses ``<think>...</think><answer>...</answer>``, splits the answer on ``||`` and steps the
+   env within the action budgets;
+4. appends the next user message (reward, state) as tokens rendered by the chat template for that
+   message alone (env mask 0).
+
+History is never re-rendered or re-tokenized, so the tokens the loss sees are exactly the tokens
+that were sampled. The engine needs no Trainer: give it a tokenizer and a backend.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import gymnasium as gym
+import torch
+
+from starpo_trl.prompting import SYSTEM_PROMPT, first_user_message, parse_reply, turn_message
+
+
+@dataclass(frozen=True)
+class StartState:
+    """One start state: an env id, its kwargs and a seed. A StarPO group shares one start state."""
+
+    env_id: str
+    seed: int
+    env_kwargs: tuple = ()  # sorted (key, value) pairs, hashable
+
+    def make_env(self):
+        return gym.make(self.env_id, **dict(self.env_kwargs))
+
+
+@dataclass
+class Episode:
+    """One finished trajectory. ``completion_ids[i]`` was written by the model iff ``env_mask[i] == 1``."""
+
+    start: StartState
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # sampling logprobs; 0.0 on env tokens
+    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
+    turn_end_positions: list[int] = field(default_factory=list)  # index of each turn's last model token
+    success: bool = False
+    done: bool = False  # the env terminated or truncated
+    truncated: bool = False  # cut by a token cap
+    num_actions: int = 0
+    num_valid_actions: int = 0
+    num_effective_actions: int = 0
+    num_format_errors: int = 0
+    env_error: str | None = None
+    messages: list[dict] = field(default_factory=list)  # the conversation as text, for logs
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+
+class GenerationBackend(Protocol):
+    def generate(self, sequences: list[list[int]], max_new_tokens: int, temperature: float) -> list[tuple[list[int], list[float]]]:
+        """Continue each token sequence; return ``(new token ids, their sampling logprobs)`` per sequence.
+
+        Generation of a sequence stops after an end-of-turn token, which is included.
+        """
+        ...
+
+
+class HFBackend:
+    """Generation with ``model.generate`` (left-padded batch, sampling at ``temperature``, no top-k/top-p).
+
+    Logprobs are ``log_softmax(logits / temperature)`` of the sampled tokens: the same quantity
+    TRL's loss computes, so the importance ratio starts at exactly 1 on-policy.
+    """
+
+    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+
+    @torch.no_grad()
+    def generate(self, sequences, max_new_tokens, temperature):
+        device = next(self.model.parameters()).device
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            input_ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[i, width - len(seq) :] = 1
+        greedy = temperature <= 0
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else temperature,
+            top_k=None,
+            top_p=None,
+            min_p=None,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        if was_training:
+            self.model.train()
+        new_tokens = out.sequences[:, width:]
+        scale = 1.0 if greedy else temperature
+        logps = torch.stack(
+            [torch.log_softmax(step.float() / scale, dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1) for t, step in enumerate(out.logits)],
+            dim=1,
+        )
+        results = []
+        eos = set(self.eos_token_ids)
+        for row, lp in zip(new_tokens.tolist(), logps.tolist()):
+            end = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+            results.append((row[:end], lp[:end]))
+        return results
+
+
+class ChatFormat:
+    """Token ids of chat messages appended to an ongoing conversation, from the tokenizer's template.
+
+    ``message_ids(msg)`` are the tokens that follow an assistant turn's end-of-turn token when ``msg``
+    comes next, up to and including the next assistant header: rendered once per message by
+    diffing two renders of a short fixed conversation. Templates that rewrite earlier turns
+    (not prefix-preserving) are patched with TRL's training template when one exists, else refused.
+    """
+
+    PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}]
+
+    def __init__(self, tokenizer, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT):
+        self.tokenizer = tokenizer
+        self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.eos_texts = [tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids]
+        self.chat_template = None
+        try:
+            self._prefix = self._probe_prefix()
+            self.message_ids({"role": "user", "content": "check"})
+        except ValueError as err:
+            from trl.chat_template_utils import get_training_chat_template
+
+            patched = get_training_chat_template(tokenizer)
+            if patched is None:
+                raise
+            self.chat_template = patched
+            try:
+                self._prefix = self._probe_prefix()
+                self.message_ids({"role": "user", "content": "check"})
+            except ValueError:
+                raise err from None
+
+    def _render(self, messages, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=self.chat_template
+        )
+
+    def _probe_prefix(self) -> str:
+        text = self._render(self.system + self.PROBE, add_generation_prompt=False)
+        ends = [text.rfind(e) + len(e) for e in self.eos_texts if text.rfind(e) >= 0]
+        if not ends:
+            raise ValueError(
+                f"The chat template does not end an assistant turn with an end-of-turn token ({self.eos_texts}). "
+                "Set the model's generation_config.eos_token_id to the token that closes an assistant turn."
+            )
+        return text[: max(ends)]
+
+    def prompt_ids(self, user_content: str) -> list[int]:
+        text = self._render(self.system + [{"role": "user", "content": user_content}], add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def message_ids(self, message: dict) -> list[int]:
+        full = self._render(self.system + self.PROBE + [message], add_generation_prompt=True)
+        if not full.startswith(self._prefix):
+            raise ValueError(
+                "The chat template is not prefix-preserving: adding a message changes how earlier turns are "
+                "rendered, so tokens sampled in turn t would not match the history of turn t+1. Use a "
+                "prefix-preserving template (pass `chat_template=` to the tokenizer), e.g. TRL's training "
+                "templates in trl/chat_templates/."
+            )
+        return self.tokenizer(full[len(self._prefix) :], add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 5
+    max_actions_per_turn: int = 5
+    max_actions_per_episode: int = 10
+    max_tokens_per_turn: int = 256
+    max_episode_tokens: int = 2048  # completion tokens (model + env) of a whole episode
+    enable_think: bool = True
+    format_penalty: float = -0.1
+    temperature: float = 1.0
+
+
+class RolloutEngine:
+    def __init__(self, tokenizer, backend: GenerationBackend, config: RolloutConfig, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT):
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.config = config
+        self.eos_token_ids = list(eos_token_ids)
+        self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
+        self.timings = {"generate": 0.0, "env": 0.0}
+
+    def run(self, starts: list[StartState], temperature: float | None = None) -> list[Episode]:
+        cfg = self.config
+        temperature = cfg.temperature if temperature is None else temperature
+        episodes, env_list, actions_left = [], [], []
+        for start in starts:
+            env = None
+            try:
+                env = start.make_env()
+                obs, _ = env.reset(seed=start.seed)
+                content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
+                ep.messages.append({"role": "user", "content": content})
+            except Exception as err:  # an env that fails to reset ends only its own episode
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
+                ep.env_error, ep.done = f"reset: {type(err).__name__}: {err}", True
+            episodes.append(ep)
+            env_list.append(env)
+            actions_left.append(cfg.max_actions_per_episode)
+
+        for turn in range(1, cfg.max_turns + 1):
+            active = [i for i, ep in enumerate(episodes) if not ep.done and not ep.truncated]
+            active = [i for i in active if cfg.max_episode_tokens - len(episodes[i].completion_ids) > 0]
+            if not active:
+                break
+            room = min(cfg.max_episode_tokens - len(episodes[i].completion_ids) for i in active)
+            t0 = time.perf_counter()
+            outputs = self.backend.generate(
+                [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
+                max_new_tokens=min(cfg.max_tokens_per_turn, room),
+                temperature=temperature,
+            )
+            self.timings["generate"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for i, (ids, logps) in zip(active, outputs):
+                ep = episodes[i]
+                budget = cfg.max_episode_tokens - len(ep.completion_ids)
+                ids, logps = ids[:budget], logps[:budget]
+                ep.completion_ids += ids
+                ep.env_mask += [1] * len(ids)
+                ep.logprobs += logps
+                ep.turn_end_positions.append(len(ep.completion_ids) - 1)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                ep.messages.append({"role": "assistant", "content": text})
+                reward = self._act(ep, env_list[i], text, actions_left, i)
+                ep.turn_rewards.append(reward)
+                ended_by_eos = bool(ids) and ids[-1] in self.eos_token_ids
+                if ep.done or turn == cfg.max_turns or actions_left[i] <= 0:
+                    ep.done = True
+                    continue
+                obs = env_list[i].unwrapped.render_text() if env_list[i] is not None else ""
+                content = turn_message(turn + 1, obs, actions_left[i] if self._named(env_list[i]) else None, reward, cfg.enable_think)
+                obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids({"role": "user", "content": content})
+                if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
+                    ep.truncated = True  # cut at a turn boundary: the next turn would not fit
+                    continue
+                ep.completion_ids += obs_ids
+                ep.env_mask += [0] * len(obs_ids)
+                ep.logprobs += [0.0] * len(obs_ids)
+                ep.messages.append({"role": "user", "content": content})
+            self.timings["env"] += time.perf_counter() - t0
+        for env in env_list:
+            if env is not None:
+                env.close()
+        return episodes
+
+    @staticmethod
+    def _named(env) -> bool:
+        return env is not None and env.unwrapped.action_names is not None
+
+    def _act(self, ep: Episode, env, text: str, actions_left: list[int], i: int) -> float:
+        """Parse one reply and step the env; return the turn reward (env rewards + format penalty)."""
+        cfg = self.config
+        named = self._named(env)
+        budget = min(cfg.max_actions_per_turn, actions_left[i]) if named else 1
+        parsed = parse_reply(text, cfg.enable_think, split_actions=named, max_actions=budget)
+        reward, format_error = 0.0, not parsed.format_ok
+        for action in parsed.actions:
+            if named and env.unwrapped.match_action(action) is None:
+                format_error = True  # unknown action: dropped, penalised
+                ep.num_actions += 1
+                continue
+            try:
+                _, r, terminated, truncated, info = env.step(action)
+            except Exception as err:  # a failing env ends only this episode
+                ep.env_error, ep.done = f"step: {type(err).__name__}: {err}", True
+                break
+            ep.num_actions += 1
+            actions_left[i] -= 1
+            reward += float(r)
+            ep.num_valid_actions += bool(info.get("action_is_valid", True))
+            ep.num_effective_actions += bool(info.get("action_is_effective", False))
+            if not named and not info.get("action_is_valid", True):
+                format_error = True
+            if terminated or truncated:
+                ep.success = bool(info.get("success", False))
+                ep.done = True
+                break
+        if format_error:
+            ep.num_format_errors += 1
+            reward += cfg.format_penalty
+        return reward

@@ -1,0 +1,102 @@
+"""An offline tiny model and tokenizer, so tests and the CPU demo need no network.
+
+The tokenizer is a byte-level BPE (like Qwen's: any text round-trips) trained on the project's own
+prompt text and env renders, with ChatML special tokens and chat template. The model is a small
+Qwen2-architecture causal LM with random weights. Both are deterministic in their seed.
+
+Real runs load a Hub model (``Qwen/Qwen2.5-0.5B-Instruct``...) instead; nothing in the library
+depends on this module.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Kept whole so the tiny model sees the answer format as single tokens (real tokenizers split them).
+TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>", "||"]
+
+
+def _corpus() -> list[str]:
+    import gymnasium as gym
+
+    import envs
+    from starpo_trl.prompting import first_user_message, turn_message
+
+    lines = []
+    for env_id in envs.ENV_IDS:
+        env = gym.make(env_id).unwrapped
+        for seed in range(30):
+            obs, _ = env.reset(seed=seed)
+            lines.append(first_user_message(env, obs, max_actions_per_turn=5, max_turns=5, enable_think=True))
+            lines.append(turn_message(2, obs, actions_left=4, reward=-0.1, enable_think=True))
+            answer = env.expert_action()
+            lines.append(f"<think>I choose {answer}.</think><answer>{answer}</answer>")
+    lines.append("You are a helpful assistant. " + " ".join(str(i) for i in range(200)))
+    lines.extend(["system", "user", "assistant"] * 20)
+    return lines
+
+
+def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.add_tokens(TAG_TOKENS)
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 4,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def save_tiny(path: str, seed: int = 0, **model_kwargs) -> str:
+    """Build the tiny tokenizer and model and save them as a local checkpoint directory."""
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
+    os.makedirs(path, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path

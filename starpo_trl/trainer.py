@@ -1,0 +1,203 @@
+"""``MultiTurnStarPOTrainer``: TRL's ``GRPOTrainer`` with whole episodes in text envs.
+
+It overrides one hook of the GRPO step, ``_generate_and_score_completions``: the episode engine
+plays ``num_start_states x num_generations`` episodes, env rewards (plus format penalties) score
+them, the StarPO-S variance filter keeps the groups with the largest in-group reward std, and
+only then are the expensive old-policy / reference forward passes run on what is kept. TRL's
+clipped loss then trains on model tokens only: env tokens travel as TRL's ``tool_mask``.
+Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from datasets import Dataset
+from transformers import Trainer
+from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import pad
+
+from starpo_trl.advantages import expand_groups, grpo_advantages, select_groups
+from starpo_trl.config import StarPOConfig
+from starpo_trl.evaluation import episode_metrics
+from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
+
+
+def env_reward(completions, episode_reward, **kwargs) -> list[float]:
+    """TRL reward function for episodes: the env's total reward (plus format penalties) of each one.
+
+    GRPOTrainer requires a reward source; for episodes it is the env, and the trainer fills
+    ``episode_reward`` itself, so this function only reads it back.
+    """
+    return [float(r) for r in episode_reward]
+
+
+def start_state_dataset(args: StarPOConfig) -> Dataset:
+    """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
+    return Dataset.from_dict({"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))})
+
+
+def rollout_config(args: StarPOConfig) -> RolloutConfig:
+    return RolloutConfig(
+        max_turns=args.max_turns,
+        max_actions_per_turn=args.max_actions_per_turn,
+        max_actions_per_episode=args.max_actions_per_episode,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        max_episode_tokens=args.max_episode_tokens,
+        enable_think=args.enable_think,
+        format_penalty=args.format_penalty,
+        temperature=args.temperature,
+    )
+
+
+def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, torch.Tensor]:
+    """TRL's batch layout: left-padded prompts, right-padded completions, env tokens as ``tool_mask`` 0."""
+    prompt_ids = pad([torch.tensor(ep.prompt_ids) for ep in episodes], padding_value=pad_token_id, padding_side="left")
+    prompt_mask = pad([torch.ones(len(ep.prompt_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="left")
+    completion_ids = pad([torch.tensor(ep.completion_ids, dtype=torch.long) for ep in episodes], padding_value=pad_token_id, padding_side="right")
+    completion_mask = pad([torch.ones(len(ep.completion_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
+    tool_mask = pad([torch.tensor(ep.env_mask, dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
+    logps = pad([torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes], padding_value=0.0, padding_side="right")
+    return {
+        "prompt_ids": prompt_ids.to(device),
+        "prompt_mask": prompt_mask.to(device),
+        "completion_ids": completion_ids.to(device),
+        "completion_mask": completion_mask.to(device),
+        "tool_mask": tool_mask.to(device),
+        "sampling_per_token_logps": logps.to(device),
+    }
+
+
+class MultiTurnStarPOTrainer(GRPOTrainer):
+    """Multi-turn StarPO / StarPO-S on TRL's GRPO machinery.
+
+    Args:
+        model: a model id or a loaded causal LM (as for `GRPOTrainer`).
+        args: a `StarPOConfig` with `env_id` set.
+        processing_class: the tokenizer (loaded from the model when omitted).
+        train_dataset: optional; by default one row per training seed.
+        backend: optional generation backend (`starpo_trl.rollout.GenerationBackend`); default
+            `HFBackend` on the policy itself.
+    """
+
+    def __init__(self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None, backend=None):
+        if not isinstance(args, StarPOConfig) or args.env_id is None:
+            raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
+        super().__init__(
+            model=model,
+            reward_funcs=[env_reward],
+            args=args,
+            train_dataset=train_dataset if train_dataset is not None else start_state_dataset(args),
+            processing_class=processing_class,
+            callbacks=callbacks,
+            peft_config=peft_config,
+        )
+        self.rollout_config = rollout_config(args)
+        self._backend = backend
+        # Built once: it checks the chat template (prefix preservation) before any training step.
+        self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids)
+
+    # -- rollouts ------------------------------------------------------------------------------------
+    def play(self, starts: list[StartState], temperature: float) -> list[Episode]:
+        """Play episodes from ``starts`` with the current policy."""
+        if self._backend is not None:
+            return self.engine.run(starts, temperature)
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
+            self.engine.backend = HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids)
+            return self.engine.run(starts, temperature)
+
+    def _starts(self, seeds, env_id, env_kwargs) -> list[StartState]:
+        kwargs = tuple(sorted(env_kwargs.items()))
+        return [StartState(env_id, int(seed), kwargs) for seed in seeds]
+
+    # -- the one overridden GRPO hook -----------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        args: StarPOConfig = self.args
+        device = self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations
+        starts = self._starts([x["seed"] for x in inputs], args.env_id, args.env_kwargs)
+        episodes = self.play(starts, self.temperature)
+
+        rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
+        if not torch.isfinite(rewards).all():
+            bad = [ep.start for ep, r in zip(episodes, rewards) if not torch.isfinite(r)]
+            raise ValueError(f"The env returned a non-finite reward (NaN or inf) for start states {bad[:3]}; fix the env's reward.")
+        # Variance filter on RAW rewards, per process (each process holds whole groups), before any forward pass.
+        kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
+        keep = expand_groups(kept_groups, group)
+        kept = [episodes[i] for i in keep.tolist()]
+        advantages = grpo_advantages(rewards[keep], group, self.scale_rewards).to(device)
+
+        batch = episodes_to_tensors(kept, self._tokenizer.pad_token_id, device)
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        batch["advantages"] = advantages
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logits_to_keep = batch["completion_ids"].size(1)
+        with torch.no_grad():
+            generate_every = args.steps_per_generation * self.num_iterations
+            if args.gradient_accumulation_steps % generate_every != 0:
+                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+                )
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    ref_model, ctx = self.ref_model, nullcontext()
+                else:  # PEFT: the reference is the base model with the adapter disabled
+                    ref_model = self.model
+                    ctx = self.accelerator.unwrap_model(self.model).disable_adapter()
+                with ctx:
+                    batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                        ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+                    )
+
+        self._log_rollout(mode, episodes, kept, rewards, advantages, len(kept_groups))
+        return batch
+
+    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups):
+        group = self.num_generations
+        metrics = episode_metrics(episodes, group)
+        name = self.args.env_id.split("/")[-1]
+        for key, value in metrics.items():
+            self._metrics[mode][f"env/{name}/{key}"].append(value)
+        all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))
+        self._metrics[mode]["reward"].append(all_rewards.mean().item())
+        self._metrics[mode]["reward_std"].append(all_rewards.std().item())
+        self._metrics[mode]["frac_reward_zero_std"].append(metrics.get("frac_zero_std_groups", 0.0))
+        self._metrics[mode]["rollout/kept_fraction"].append(num_kept_groups * group / len(episodes))
+        model_tokens = [sum(ep.env_mask) for ep in episodes]
+        self._metrics[mode]["completions/mean_length"].append(sum(model_tokens) / len(model_tokens))
+        self._metrics[mode]["rollout/generate_seconds"].append(self.engine.timings["generate"])
+        self._metrics[mode]["rollout/env_seconds"].append(self.engine.timings["env"])
+        self.engine.timings = {"generate": 0.0, "env": 0.0}
+        if mode == "train":
+            self.state.num_input_tokens_seen += sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)
+        for ep, adv in zip(kept, advantages.tolist()):
+            self._logs["prompt"].append(ep.messages[0]["content"] if ep.messages else "")
+            self._logs["completion"].append("\n".join(f"[{m['role']}] {m['content']}" for m in ep.messages[1:]))
+            self._logs["rewards"]["env"].append(ep.reward)
+            self._logs["advantages"].append(adv)
+
+    # -- held-out evaluation ----------------------------------------------------------------------------
+    def evaluate_success(self, num_episodes: int | None = None) -> dict[str, float]:
+        """Play the fixed held-out seeds at ``eval_temperature``; return episode metrics."""
+        args: StarPOConfig = self.args
+        n = num_episodes or args.num_eval_episodes
+        seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
+        was_training = self.model.training
+        self.model.eval()
+        episodes = self.play(self._starts(seeds, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature)
+        if was_training:
+            self.model.train()
+        return episode_metrics(episodes)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in self.evaluate_success().items()}
+        Trainer.log(self, metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
