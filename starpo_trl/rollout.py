@@ -153,9 +153,12 @@ class ChatFormat:
         except ValueError as err:
             from trl.chat_template_utils import get_training_chat_template
 
-            patched = get_training_chat_template(tokenizer)
+            try:
+                patched = get_training_chat_template(tokenizer)
+            except ValueError:  # TRL has no training template for this one
+                patched = None
             if patched is None:
-                raise
+                raise err from None
             self.chat_template = patched
             try:
                 self._prefix = self._probe_prefix()

@@ -1,0 +1,191 @@
+import copy
+import pathlib
+
+import pytest
+import torch
+import trl
+
+from starpo_trl.prompting import parse_reply
+from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
+
+TEMPLATES = pathlib.Path(trl.__file__).parent / "chat_templates"
+
+
+def engine(tokenizer, backend, **cfg):
+    return RolloutEngine(tokenizer, backend, RolloutConfig(**cfg), [tokenizer.eos_token_id])
+
+
+def sokoban_starts(n_states=2, group=3):
+    return [StartState("starpo/Sokoban-v0", s) for s in range(n_states) for _ in range(group)]
+
+
+def env_spans(ep):
+    spans, start = [], None
+    for i, m in enumerate(ep.env_mask + [1]):
+        if m == 0 and start is None:
+            start = i
+        elif m == 1 and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def test_sampling_logprobs_are_reproduced_by_a_forward_pass(tiny_tokenizer, tiny_model):
+    torch.manual_seed(0)
+    backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+    eps = engine(tiny_tokenizer, backend, max_turns=3, max_tokens_per_turn=12, temperature=0.7).run(sokoban_starts())
+    for ep in eps:
+        assert ep.num_turns == 3 and len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
+        ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
+        with torch.no_grad():
+            logits = tiny_model(ids).logits[0, :-1].float() / 0.7
+        logps = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)[len(ep.prompt_ids) - 1 :]
+        mask = torch.tensor(ep.env_mask, dtype=torch.bool)
+        assert torch.allclose(logps[mask], torch.tensor(ep.logprobs)[mask], atol=1e-4)
+        assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.env_mask) if m == 0)
+
+
+def test_env_spans_decode_to_exactly_the_rendered_messages(tiny_tokenizer, scripted):
+    backend = scripted("<think>push</think><answer>Up || Left</answer>")
+    eps = engine(tiny_tokenizer, backend, max_turns=3).run(sokoban_starts(1, 2))
+    for ep in eps:
+        spans = env_spans(ep)
+        user_messages = [m["content"] for m in ep.messages if m["role"] == "user"][1:]
+        assert len(spans) == len(user_messages) == ep.num_turns - 1
+        for (a, b), content in zip(spans, user_messages):
+            text = tiny_tokenizer.decode(ep.completion_ids[a:b])
+            assert text == f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+            assert "State:" in content
+        # each turn ends on a model token, right before an env span or at the end
+        for pos in ep.turn_end_positions:
+            assert ep.env_mask[pos] == 1 and (pos + 1 == len(ep.env_mask) or ep.env_mask[pos + 1] == 0)
+        # the model's tokens are the reply, verbatim, once per turn
+        model_ids = [t for t, m in zip(ep.completion_ids, ep.env_mask) if m == 1]
+        reply = tiny_tokenizer("<think>push</think><answer>Up || Left</answer>", add_special_tokens=False)["input_ids"]
+        assert model_ids == (reply + [tiny_tokenizer.eos_token_id]) * ep.num_turns
+
+
+def test_one_batched_generate_call_per_turn(tiny_tokenizer, scripted):
+    backend = scripted("<think>x</think><answer>Up</answer>")
+    eps = engine(tiny_tokenizer, backend, max_turns=4).run(sokoban_starts(3, 4))
+    assert len(backend.calls) == max(ep.num_turns for ep in eps)
+    assert backend.calls[0] == 12
+
+
+def test_actions_rewards_and_budgets(tiny_tokenizer, scripted):
+    # 7 actions in one reply: only max_actions_per_turn=5 run; the episode budget (6) stops turn 2 after 1
+    backend = scripted("<think>x</think><answer>Up||Up||Up||Up||Up||Up||Up</answer>")
+    eps = engine(tiny_tokenizer, backend, max_turns=5, max_actions_per_turn=5, max_actions_per_episode=6).run(
+        [StartState("starpo/FrozenLake-v0", 0, (("is_slippery", False),))]
+    )
+    ep = eps[0]
+    assert ep.num_actions == 6 and ep.num_turns == 2 and ep.done
+    assert ep.num_valid_actions == 6 and ep.num_format_errors == 0
+
+
+def test_bandit_rewards_and_format_penalty(tiny_tokenizer, scripted):
+    import gymnasium as gym
+
+    env = gym.make("starpo/Bandit-v0").unwrapped
+    env.reset(seed=4)
+    safe = env.action_names[1 - env.risky]
+    eps = engine(tiny_tokenizer, scripted(f"<think>safe</think><answer>{safe}</answer>"), max_turns=1).run([StartState("starpo/Bandit-v0", 4)])
+    assert eps[0].turn_rewards == [0.15] and not eps[0].success
+    eps = engine(tiny_tokenizer, scripted("<answer>Dragon</answer>"), max_turns=2).run([StartState("starpo/Bandit-v0", 4)])
+    assert eps[0].turn_rewards == [-0.1, -0.1] and eps[0].num_format_errors == 2
+
+
+MALFORMED = [
+    "no tags at all",
+    "<think>x</think><answer></answer>",
+    "<think>x</think><answer>" + "||".join(["Up"] * 1000) + "</answer>",
+    "<think>\x00\x1b[31m\u202e\U0001f600</think><answer>\ud7ff||Ǔp||UP</answer>",
+    "<think><think></think><answer><answer>Up</answer></answer></think>",
+    "<|im_end|><|im_start|>user\nfake</answer>",
+]
+
+
+@pytest.mark.parametrize("reply", MALFORMED)
+def test_malformed_output_is_a_format_penalty_never_a_crash(tiny_tokenizer, scripted, reply):
+    for env_id in ("starpo/Sokoban-v0", "starpo/Countdown-v0", "starpo/Bandit-v0"):
+        eps = engine(tiny_tokenizer, scripted(reply), max_turns=2).run([StartState(env_id, 0)])
+        ep = eps[0]
+        parsed = parse_reply(tiny_tokenizer.decode(tiny_tokenizer(reply, add_special_tokens=False)["input_ids"], skip_special_tokens=True))
+        if not parsed.format_ok:
+            assert ep.num_format_errors == ep.num_turns and ep.turn_rewards[0] == pytest.approx(-0.1)
+        assert len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
+
+
+def test_episode_token_cap_cuts_at_a_turn_boundary(tiny_tokenizer, scripted):
+    reply = "<think>thinking hard</think><answer>Left</answer>"
+    full = engine(tiny_tokenizer, scripted(reply), max_turns=5).run([StartState("starpo/Sokoban-v0", 1)])[0]
+    cap = full.turn_end_positions[1] + 5  # room for two turns, not for the third's observation
+    ep = engine(tiny_tokenizer, scripted(reply), max_turns=5, max_episode_tokens=cap).run([StartState("starpo/Sokoban-v0", 1)])[0]
+    assert ep.truncated and ep.num_turns == 2
+    assert ep.completion_ids == full.completion_ids[: full.turn_end_positions[1] + 1]
+    assert ep.env_mask == full.env_mask[: len(ep.completion_ids)] and ep.env_mask[-1] == 1
+
+
+def test_per_turn_token_cap_closes_the_turn_with_an_env_token(tiny_tokenizer, scripted):
+    ep = engine(tiny_tokenizer, scripted("<think>" + "a " * 50), max_turns=2, max_tokens_per_turn=8).run([StartState("starpo/Sokoban-v0", 1)])[0]
+    first_env = ep.env_mask.index(0)
+    assert first_env == 8 and ep.completion_ids[first_env] == tiny_tokenizer.eos_token_id
+
+
+def _template_tokenizer(tiny_tokenizer, name, extra_special=()):
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (TEMPLATES / name).read_text()
+    if extra_special:
+        tok.add_special_tokens({"bos_token": extra_special[0], "additional_special_tokens": list(extra_special[1:])})
+    return tok
+
+
+@pytest.mark.parametrize(
+    "name,eos,special",
+    [
+        ("qwen2_5.jinja", "<|im_end|>", ()),
+        ("qwen3.jinja", "<|im_end|>", ()),
+        ("llama3.jinja", "<|eot_id|>", ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    ],
+)
+def test_real_chat_templates_work(tiny_tokenizer, name, eos, special):
+    tok = _template_tokenizer(tiny_tokenizer, name, special)
+    eos_id = tok.convert_tokens_to_ids(eos)
+    from tests.conftest import ScriptedBackend
+
+    backend = ScriptedBackend(tok, "<think>x</think><answer>Up</answer>", eos_id)
+    eps = RolloutEngine(tok, backend, RolloutConfig(max_turns=3), [eos_id]).run([StartState("starpo/Sokoban-v0", 2)])
+    ep = eps[0]
+    assert ep.num_turns == 3
+    for (a, b), msg in zip(env_spans(ep), [m for m in ep.messages if m["role"] == "user"][1:]):
+        assert msg["content"] in tok.decode(ep.completion_ids[a:b])
+
+
+def test_non_prefix_preserving_template_is_refused(tiny_tokenizer):
+    tok = copy.deepcopy(tiny_tokenizer)
+    # drops every assistant message but the last: history would change under the model's feet
+    tok.chat_template = (
+        "{%- for m in messages %}{%- if m['role'] != 'assistant' or loop.last %}"
+        "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    with pytest.raises(ValueError, match="prefix-preserving"):
+        ChatFormat(tok, [tok.eos_token_id])
+
+
+def test_env_that_raises_ends_only_its_episode(tiny_tokenizer, scripted, monkeypatch):
+    from envs.sokoban import SokobanEnv
+
+    real_step = SokobanEnv.step
+
+    def flaky(self, action):
+        if self.steps >= 1 and self.player[1] % 2 == 0:
+            raise RuntimeError("boom")
+        return real_step(self, action)
+
+    monkeypatch.setattr(SokobanEnv, "step", flaky)
+    eps = engine(tiny_tokenizer, scripted("<think>x</think><answer>Left||Right</answer>"), max_turns=3).run(
+        [StartState("starpo/Sokoban-v0", s) for s in range(6)]
+    )
+    errored = [ep for ep in eps if ep.env_error]
+    assert errored and all("boom" in ep.env_error and ep.done for ep in errored)

@@ -1,0 +1,129 @@
+import pytest
+import torch
+
+from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+
+
+def make_args(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path),
+        env_id="starpo/Bandit-v0",
+        num_start_states=4,
+        num_generations=4,
+        rollout_filter_ratio=0.5,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        max_steps=2,
+        max_turns=1,
+        max_tokens_per_turn=12,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        num_eval_episodes=8,
+        seed=0,
+    )
+    base.update(kw)
+    return StarPOConfig(**base)
+
+
+@pytest.fixture
+def fresh_model(tiny_tokenizer):
+    from starpo_trl.tiny import build_tiny_model
+
+    return build_tiny_model(tiny_tokenizer, seed=1)
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="Known starpo envs"):
+        make_args(tmp_path, env_id="starpo/Nope-v0")
+    with pytest.raises(ValueError, match="rollout_filter_ratio"):
+        make_args(tmp_path, rollout_filter_ratio=0.0)
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        make_args(tmp_path, rollout_filter_ratio=0.25, per_device_train_batch_size=2)  # keeps 4 rows, 8 micro-batches
+    with pytest.raises(ValueError, match="rollout_filter_metric"):
+        make_args(tmp_path, rollout_filter_metric="variance")
+    with pytest.raises(ValueError, match="env_kwargs"):
+        make_args(tmp_path, env_kwargs="{not json")
+
+
+def test_train_steps_run_and_log_episode_metrics(tmp_path, tiny_tokenizer, fresh_model):
+    trainer = MultiTurnStarPOTrainer(fresh_model, make_args(tmp_path), processing_class=tiny_tokenizer)
+    trainer.train()
+    logged = {k for row in trainer.state.log_history for k in row}
+    for key in ("env/Bandit-v0/success", "env/Bandit-v0/pass@4", "env/Bandit-v0/valid_action_rate",
+                "env/Bandit-v0/group_reward_std_mean", "env/Bandit-v0/frac_zero_std_groups",
+                "rollout/kept_fraction", "entropy", "grad_norm", "clip_ratio/high_mean"):
+        assert key in logged, key
+    metrics = trainer.evaluate()
+    assert 0.0 <= metrics["eval_success"] <= 1.0
+
+
+def _batch(trainer, monkeypatch, rewards_by_row):
+    """Run the overridden hook with the env rewards replaced by ``rewards_by_row`` (per trajectory)."""
+    play = trainer.play
+
+    def scored(starts, temperature):
+        eps = play(starts, temperature)
+        for ep, r in zip(eps, rewards_by_row):
+            ep.turn_rewards = [float(r)]
+        return eps
+
+    monkeypatch.setattr(trainer, "play", scored)
+    inputs = [{"seed": s} for s in range(4) for _ in range(4)]
+    return trainer._generate_and_score_completions(inputs)
+
+
+def test_filter_runs_before_any_forward_pass(tmp_path, tiny_tokenizer, fresh_model, monkeypatch):
+    # gradient_accumulation_steps=2 < steps_per_generation=4, so old-policy logps are needed
+    args = make_args(tmp_path, gradient_accumulation_steps=2)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
+    rows = []
+    real = trainer._get_per_token_logps_and_entropies
+    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", lambda m, ids, *a, **k: rows.append(ids.shape[0]) or real(m, ids, *a, **k))
+    rewards = [0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 1, 1, 0, 5, 0, 5]  # stds: 0, 1.29, 0, 2.89 -> keep groups 1 and 3
+    batch = _batch(trainer, monkeypatch, rewards)
+    assert rows == [8] and "old_per_token_logps" in batch
+    kept = torch.tensor([0, 1, 2, 3, 0, 5, 0, 5], dtype=torch.float32)
+    grouped = kept.view(2, 4)
+    expected = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+    assert torch.allclose(batch["advantages"], expected, atol=1e-6)
+
+
+def test_ratio_one_matches_plain_group_normalised_grpo(tmp_path, tiny_tokenizer, fresh_model, monkeypatch):
+    trainer = MultiTurnStarPOTrainer(fresh_model, make_args(tmp_path, rollout_filter_ratio=1.0), processing_class=tiny_tokenizer)
+    rewards = torch.tensor([0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 1, 1, 0, 5, 0, 5], dtype=torch.float32)
+    batch = _batch(trainer, monkeypatch, rewards.tolist())
+    grouped = rewards.view(4, 4)
+    # TRL's formula: (r - group mean) / (group std + 1e-4)
+    expected = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+    assert batch["completion_ids"].shape[0] == 16
+    assert torch.allclose(batch["advantages"], expected, atol=1e-6)
+
+
+def test_env_tokens_and_padding_never_reach_the_loss(tmp_path, tiny_tokenizer, fresh_model):
+    args = make_args(tmp_path, env_id="starpo/Sokoban-v0", max_turns=3, rollout_filter_ratio=1.0)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
+    torch.manual_seed(0)
+    batch = trainer._generate_and_score_completions([{"seed": s} for s in range(4) for _ in range(4)])
+    batch = {k: v for k, v in batch.items()}
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    assert (batch["tool_mask"] == 0).any() and (batch["completion_mask"] == 0).any()  # env tokens and padding exist
+    T = batch["completion_ids"].shape[1]
+    batch["advantages"] = torch.linspace(-1, 1, 16)[:, None].expand(16, T).clone()
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop otherwise
+    loss = trainer._compute_loss(trainer.model, batch)
+    altered = dict(batch)
+    outside = mask == 0
+    altered["advantages"] = batch["advantages"].masked_fill(outside, 1e6)
+    altered["old_per_token_logps"] = torch.zeros_like(batch["sampling_per_token_logps"]).masked_fill(outside, -50.0)
+    base_old = dict(batch)
+    base_old["old_per_token_logps"] = torch.zeros_like(batch["sampling_per_token_logps"])
+    loss_base = trainer._compute_loss(trainer.model, base_old)
+    loss_altered = trainer._compute_loss(trainer.model, altered)
+    assert torch.isfinite(loss) and torch.allclose(loss_base, loss_altered, atol=1e-7)
+
+
+def test_trainer_refuses_a_config_without_env(tmp_path, tiny_tokenizer, fresh_model):
+    with pytest.raises(ValueError, match="env_id"):
+        MultiTurnStarPOTrainer(fresh_model, make_args(tmp_path, env_id=None), processing_class=tiny_tokenizer)
