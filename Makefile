@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 train: $(STAMP)
-	$(PY) train.py --config recipes/demo-cpu.yaml
+	rm -f runs/demo/report.json
+	$(PY) train.py --config recipes/demo-cpu-bandit.yaml --disable_tqdm true
+	$(PY) train.py --config recipes/demo-cpu-frozenlake.yaml --disable_tqdm true
+	@cat runs/demo/report.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests

@@ -1,0 +1,42 @@
+"""Loading the policy and tokenizer: a Hub / local checkpoint, or the offline tiny model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+@dataclass
+class TinyModelArguments:
+    tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the offline tiny model (model_name_or_path=tiny)."})
+    tiny_num_layers: int = field(default=4, metadata={"help": "Layers of the offline tiny model."})
+
+
+def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = None, seed: int = 0):
+    """``model_args`` is TRL's ``ModelConfig``; ``model_name_or_path="tiny"`` builds the offline tiny model."""
+    name = model_args.model_name_or_path
+    if name is None:
+        raise ValueError("Set model_name_or_path (a Hub id such as Qwen/Qwen2.5-0.5B-Instruct, a local directory, or 'tiny').")
+    if name == "tiny":
+        from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
+
+        tiny_args = tiny_args or TinyModelArguments()
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed, hidden_size=tiny_args.tiny_hidden_size, num_layers=tiny_args.tiny_num_layers)
+        return model, tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision, trust_remote_code=model_args.trust_remote_code)
+    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    kwargs = dict(revision=model_args.model_revision, trust_remote_code=model_args.trust_remote_code, dtype=dtype)
+    if model_args.attn_implementation:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    from trl import get_quantization_config
+
+    quantization = get_quantization_config(model_args)
+    if quantization is not None:
+        from trl import get_kbit_device_map
+
+        kwargs.update(quantization_config=quantization, device_map=get_kbit_device_map())
+    model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    return model, tokenizer

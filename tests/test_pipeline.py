@@ -1,0 +1,84 @@
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from starpo_trl.prompting import parse_reply
+from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+from starpo_trl.warm_start import demonstration, demonstrations
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_demonstrations_use_the_rl_episode_format(tiny_tokenizer, scripted):
+    import numpy as np
+
+    cfg = RolloutConfig(max_turns=3)
+    demo = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 7, 0.0, cfg, 1, np.random.default_rng(0))
+    assistant = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+    first_reply = assistant[0]
+    # the engine, fed the same replies, renders exactly the same user messages
+    eng = RolloutEngine(tiny_tokenizer, scripted(lambda call, i: assistant[call]), cfg, [tiny_tokenizer.eos_token_id])
+    ep = eng.run([StartState("starpo/FrozenLake-v0", 7, (("is_slippery", False),))])[0]
+    assert [m for m in demo["messages"] if m["role"] != "system"] == ep.messages
+    assert parse_reply(first_reply).format_ok
+    # the noise-free expert solves it
+    full = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 7, 0.0, RolloutConfig(max_turns=10, max_actions_per_episode=10), 1, np.random.default_rng(0))
+    assert full["success"]
+
+
+def test_noisy_demonstrations_are_worse_than_clean_ones():
+    cfg = RolloutConfig(max_turns=5)
+    clean = demonstrations("starpo/FrozenLake-v0", {"is_slippery": False}, range(60), 0.0, cfg, actions_per_turn=2)
+    noisy = demonstrations("starpo/FrozenLake-v0", {"is_slippery": False}, range(60), 0.8, cfg, actions_per_turn=2)
+    assert sum(clean["success"]) > sum(noisy["success"]) + 10
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_recipes_parse(recipe):
+    from trl import ModelConfig, TrlParser
+
+    from starpo_trl import StarPOConfig
+    from starpo_trl.models import TinyModelArguments
+    from train import RunArguments
+
+    config = yaml.safe_load(recipe.read_text())
+    config.pop("bf16", None)  # recipes for GPUs ask for bf16, which this CPU cannot check
+    config.pop("use_cpu", None)
+    parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    run_args, args, model_args, _ = parser.parse_dict(config)
+    assert args.env_id == config["env_id"] and model_args.model_name_or_path == config["model_name_or_path"]
+
+
+def test_train_and_evaluate_cli_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    report = tmp_path / "report.json"
+    cmd = [
+        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "recipes/demo-cpu-bandit.yaml"),
+        "--output_dir", str(out), "--report_path", str(report), "--warm_start_episodes", "16",
+        "--warm_start_epochs", "1", "--max_steps", "2", "--num_eval_episodes", "8", "--disable_tqdm", "true",
+        "--tiny_hidden_size", "32", "--tiny_num_layers", "1",
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tmp_path)
+    data = json.loads(report.read_text())
+    (result,) = data["results"]
+    assert result["env_id"] == "starpo/Bandit-v0" and result["episodes"] == 8
+    assert 0 <= result["success_before"] <= 1 and 0 <= result["success_after"] <= 1 and data["wall_seconds"] > 0
+    assert (out / "curves.png").stat().st_size > 1000 and (out / "model.safetensors").exists()
+
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(out), "--env_id", "starpo/Bandit-v0",
+         "--num_episodes", "8", "--max_turns", "1", "--max_tokens_per_turn", "16", "--output", str(tmp_path / "eval.json")],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    )
+    metrics = json.loads((tmp_path / "eval.json").read_text())
+    assert metrics["episodes"] == 8 and "success" in res.stdout and 0 <= metrics["success"] <= 1
+
+
+def test_evaluate_cli_rejects_unknown_env(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", "x", "--env_id", "starpo/Nope-v0"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode != 0 and "Known starpo envs" in res.stderr

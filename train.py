@@ -1,0 +1,93 @@
+"""Train an agent with StarPO / StarPO-S in a text environment.
+
+    accelerate launch train.py --config recipes/sokoban-qwen2.5-0.5b.yaml [--any_field value]
+    python train.py --config recipes/demo-cpu-bandit.yaml          # CPU, tiny offline model
+
+Steps: load the model (Hub id, local dir, or ``tiny``), optionally warm-start it by SFT on a
+noisy expert's episodes, evaluate on held-out seeds, train with ``MultiTurnStarPOTrainer``,
+evaluate again, save (and push if ``push_to_hub``). Writes ``report.json`` and ``curves.png``
+to ``output_dir``; with ``report_path`` also appends the result to that JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer
+from starpo_trl.plotting import plot_curves
+from starpo_trl.trainer import rollout_config
+
+
+@dataclass
+class RunArguments:
+    warm_start_episodes: int = field(default=0, metadata={"help": "Noisy-expert episodes for warm-start SFT (0: no warm start)."})
+    warm_start_noise: float = field(default=0.3, metadata={"help": "Probability that the expert's action is replaced by a random one."})
+    warm_start_actions_per_turn: int = field(default=1, metadata={"help": "Actions the expert writes per turn."})
+    warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
+    warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
+    warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
+    eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
+    report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
+
+
+def append_report(path: str, result: dict, wall_seconds: float) -> None:
+    report = {"results": [], "wall_seconds": 0.0}
+    if os.path.exists(path):
+        with open(path) as f:
+            report = json.load(f)
+    report["results"] = [r for r in report["results"] if r["env_id"] != result["env_id"]] + [result]
+    report["wall_seconds"] = round(report.get("wall_seconds", 0.0) + wall_seconds, 1)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+
+
+def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
+    start = time.time()
+    if args.env_id is None:
+        raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
+    model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed)
+    if run_args.warm_start_episodes > 0:
+        from starpo_trl.warm_start import demonstrations, warm_start
+
+        seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
+        demos = demonstrations(args.env_id, args.env_kwargs, seeds, run_args.warm_start_noise, rollout_config(args), run_args.warm_start_actions_per_turn, seed=args.seed)
+        model = warm_start(
+            model, tokenizer, demos, os.path.join(args.output_dir, "warm_start"), epochs=run_args.warm_start_epochs,
+            learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size, seed=args.seed,
+        )
+    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    before = trainer.evaluate_success() if run_args.eval_before else None
+    trainer.train()
+    after = trainer.evaluate_success()
+    trainer.save_model(args.output_dir)
+    result = {
+        "env_id": args.eval_env_id,
+        "success_before": None if before is None else before["success"],
+        "success_after": after["success"],
+        "episodes": args.num_eval_episodes,
+        "before": before,
+        "after": after,
+    }
+    wall = time.time() - start
+    if trainer.accelerator.is_main_process:
+        with open(os.path.join(args.output_dir, "report.json"), "w") as f:
+            json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)
+        plot_curves(trainer.state.log_history, args.env_id.split("/")[-1], os.path.join(args.output_dir, "curves.png"), title=args.env_id)
+        if run_args.report_path:
+            append_report(run_args.report_path, result, wall)
+        print(f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)")
+    if args.push_to_hub:
+        trainer.push_to_hub()
+    return result
+
+
+if __name__ == "__main__":
+    parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    main(*parser.parse_args_and_config())
