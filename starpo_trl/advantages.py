@@ -61,3 +61,128 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale!r}")
     return centred / (std + eps)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO: reward minus the mean of the OTHER trajectories of its group. (N,) -> (N,)."""
+    grouped = rewards.view(-1, group_size)
+    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others).reshape(-1)
+
+
+def normalize_rewards(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group", clip: float = 1.0) -> torch.Tensor:
+    """Reward normalisation, applied AFTER the variance filter ranked the raw rewards. (N,) -> (N,).
+
+    ``identity``; ``mean`` (subtract the mean); ``mean_std`` (subtract the mean, divide by std + 1e-6);
+    ``asym_clip`` (``mean_std`` then clip to ``[-clip, clip * 3]``, so rare large wins keep more weight
+    than rare large losses). ``scope`` is ``group`` (per start state) or ``batch``.
+    """
+    if method == "identity":
+        return rewards
+    view = rewards.view(-1, group_size) if scope == "group" else rewards.view(1, -1)
+    centred = view - view.mean(dim=1, keepdim=True)
+    if method == "mean":
+        return centred.reshape(-1)
+    if method not in ("mean_std", "asym_clip"):
+        raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {method!r}")
+    scaled = centred / (view.std(dim=1, keepdim=True) + 1e-6) if view.shape[1] > 1 else centred
+    if method == "asym_clip":
+        scaled = scaled.clamp(min=-clip, max=3 * clip)
+    return scaled.reshape(-1)
+
+
+def place_rewards(shape, turn_rewards: list[list[float]], turn_ends: list[list[int]], per_turn: bool) -> torch.Tensor:
+    """Token-level reward tensor: each turn's reward on that turn's last model token (``per_turn``),
+    or the whole trajectory's reward on its last model token. Returns (B, T) float."""
+    rewards = torch.zeros(shape)
+    for b, (rs, ends) in enumerate(zip(turn_rewards, turn_ends)):
+        if not ends:
+            continue
+        if per_turn:
+            for r, e in zip(rs, ends):
+                rewards[b, e] += r
+        else:
+            rewards[b, ends[-1]] += sum(rs)
+    return rewards
+
+
+def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over model tokens only. rewards, values, mask: (B, T) -> (advantages, returns), each (B, T).
+
+    Positions with ``mask == 0`` (environment tokens, padding) are skipped: the "next value" of a
+    model token is the value at the NEXT MODEL token (0 after the last one), so observation tokens
+    neither bootstrap nor discount. Masked positions get advantage and return 0.
+    """
+    B, T = rewards.shape
+    adv = torch.zeros_like(values, dtype=torch.float32)
+    next_value = torch.zeros(B, dtype=torch.float32, device=values.device)
+    next_adv = torch.zeros(B, dtype=torch.float32, device=values.device)
+    m = mask.bool()
+    for t in range(T - 1, -1, -1):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(m[:, t], a, torch.zeros_like(a))
+        next_value = torch.where(m[:, t], values[:, t].float(), next_value)
+        next_adv = torch.where(m[:, t], a, next_adv)
+    returns = (adv + values) * m
+    return adv, returns
+
+
+def turn_spans(turn_ends: list[int], mask_row: torch.Tensor) -> list[list[int]]:
+    """Model-token positions of each turn: the model tokens after the previous turn's end up to this one's."""
+    spans, start = [], 0
+    model = mask_row.bool().tolist()
+    for end in turn_ends:
+        spans.append([t for t in range(start, end + 1) if model[t]])
+        start = end + 1
+    return spans
+
+
+def bilevel_gae(
+    turn_rewards: list[list[float]],
+    turn_ends: list[list[int]],
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    turn_gamma: float,
+    turn_lambda: float | None = None,
+    turn_level_only: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bi-level GAE (turn-aware credit). values, mask: (B, T) -> (advantages, returns), each (B, T).
+
+    Turn level: GAE across turns with discount ``turn_gamma`` (and ``turn_lambda``, default
+    ``lam``) on the values at each turn's last model token, with the turn rewards ``R_k``:
+    ``delta_k = R_k + turn_gamma * V_{k+1} - V_k``. Token level: inside turn k, GAE with
+    ``gamma``/``lam`` over its model tokens, seeded by the turn's return ``G_k = A_k + V_k`` as the
+    value after its last token. ``turn_level_only`` (``turn_gae``) gives every model token of turn k
+    the turn advantage ``A_k``. Turn ends come from the episode engine, never from where rewards
+    are non-zero: a turn with reward 0 is still a turn.
+    """
+    turn_lambda = lam if turn_lambda is None else turn_lambda
+    adv = torch.zeros_like(values, dtype=torch.float32)
+    returns = torch.zeros_like(values, dtype=torch.float32)
+    for b, (rs, ends) in enumerate(zip(turn_rewards, turn_ends)):
+        if not ends:
+            continue
+        v_end = [float(values[b, e]) for e in ends]
+        K = len(ends)
+        turn_adv = [0.0] * K
+        next_v, next_a = 0.0, 0.0
+        for k in range(K - 1, -1, -1):
+            delta = rs[k] + turn_gamma * next_v - v_end[k]
+            turn_adv[k] = delta + turn_gamma * turn_lambda * next_a
+            next_v, next_a = v_end[k], turn_adv[k]
+        for k, span in enumerate(turn_spans(ends, mask[b])):
+            G = turn_adv[k] + v_end[k]
+            if turn_level_only:
+                for t in span:
+                    adv[b, t], returns[b, t] = turn_adv[k], G
+                continue
+            next_v, next_a = G, 0.0  # the value after the turn's last token is its return
+            for t in reversed(span):
+                delta = gamma * next_v - float(values[b, t])
+                a = delta + gamma * lam * next_a
+                adv[b, t], returns[b, t] = a, a + float(values[b, t])
+                next_v, next_a = float(values[b, t]), a
+    return adv, returns

@@ -10,6 +10,10 @@ from trl import GRPOConfig
 from starpo_trl.advantages import num_kept_groups
 
 FILTER_METRICS = ("std", "std_rev", "none")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "gae", "bilevel_gae", "turn_gae")
+CRITIC_ESTIMATORS = ("gae", "bilevel_gae", "turn_gae")
+# our names for how per-token losses are averaged -> the TRL loss_type that aggregates that way
+LOSS_AGGREGATION = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum": "luspo"}
 
 
 @dataclass
@@ -50,6 +54,26 @@ class StarPOConfig(GRPOConfig):
             trajectory reward. 1.0 keeps all (plain GRPO).
         rollout_filter_metric (`str`, `"std"`): `"std"` keeps the most uncertain groups,
             `"std_rev"` the least, `"none"` disables the filter.
+
+        > Advantages and the critic
+
+        advantage_estimator (`str`, `"grpo"`): `grpo` (group mean/std), `rloo` (leave-one-out
+            baseline), `gae` (critic, token-level GAE over model tokens), `bilevel_gae` (GAE across
+            turns with `turn_gamma`, then token-level GAE inside each turn), `turn_gae` (every token
+            of a turn gets its turn's advantage).
+        gamma / lam (`float`, 1.0 / 1.0): token-level GAE discount and lambda (paper: 1.0 / 1.0).
+        turn_gamma (`float`, 0.95) / turn_lambda (`float` or `None` = `lam`): turn-level GAE.
+        use_turn_rewards (`bool`, False): put each turn's reward on its last model token instead of
+            the whole episode's reward on the last one.
+        reward_normalization (`str`, `"identity"`): `identity`, `mean`, `mean_std` or `asym_clip`,
+            applied per `reward_norm_scope` (`group` or `batch`) AFTER the variance filter.
+        critic_type (`str`, `"full"`): `full` (a copy of the policy) or `lora` (a second LoRA
+            adapter on the policy's base; needs PEFT).
+        critic_learning_rate (`float`, 1e-5), value_clip (`float`, 0.5), critic_warmup_steps (`int`,
+            0: steps that train only the critic).
+        loss_aggregation (`str` or `None`): `token-mean` (TRL `dapo`), `seq-mean-token-mean`
+            (TRL `grpo`: every trajectory weighs the same) or `seq-mean-token-sum` (TRL `luspo`);
+            sets `loss_type`. `None` keeps `loss_type` as given.
     """
 
     env_id: str | None = field(default=None, metadata={"help": "Gymnasium id of the training env, e.g. starpo/Sokoban-v0."})
@@ -73,6 +97,20 @@ class StarPOConfig(GRPOConfig):
 
     rollout_filter_ratio: float = field(default=0.25, metadata={"help": "Share of groups kept by the variance filter."})
     rollout_filter_metric: str = field(default="std", metadata={"help": "Filter ranking: std, std_rev or none."})
+
+    advantage_estimator: str = field(default="grpo", metadata={"help": "grpo, rloo, gae, bilevel_gae or turn_gae."})
+    gamma: float = field(default=1.0, metadata={"help": "Token-level GAE discount."})
+    lam: float = field(default=1.0, metadata={"help": "Token-level GAE lambda."})
+    turn_gamma: float = field(default=0.95, metadata={"help": "Turn-level discount of bi-level GAE."})
+    turn_lambda: float | None = field(default=None, metadata={"help": "Turn-level lambda of bi-level GAE (default: lam)."})
+    use_turn_rewards: bool = field(default=False, metadata={"help": "Each turn's reward on its last model token."})
+    reward_normalization: str = field(default="identity", metadata={"help": "identity, mean, mean_std or asym_clip (after filtering)."})
+    reward_norm_scope: str = field(default="group", metadata={"help": "Normalise rewards per group or per batch."})
+    critic_type: str = field(default="full", metadata={"help": "full (copy of the policy) or lora (value adapter, needs PEFT)."})
+    critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
+    value_clip: float | None = field(default=0.5, metadata={"help": "Value clipping range (None: no clipping)."})
+    critic_warmup_steps: int = field(default=0, metadata={"help": "First steps train only the critic."})
+    loss_aggregation: str | None = field(default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."})
 
     # StarPO-S defaults for fields GRPOConfig already has
     num_generations: int | None = field(default=16, metadata={"help": "Trajectories per start state (group size)."})
@@ -116,6 +154,18 @@ class StarPOConfig(GRPOConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_completion_length is None or self.max_completion_length < self.max_episode_tokens:
             self.max_completion_length = self.max_episode_tokens
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}")
+        if self.reward_normalization not in ("identity", "mean", "mean_std", "asym_clip"):
+            raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}")
+        if self.reward_norm_scope not in ("group", "batch"):
+            raise ValueError(f"reward_norm_scope must be group or batch, got {self.reward_norm_scope!r}")
+        if self.critic_type not in ("full", "lora"):
+            raise ValueError(f"critic_type must be full or lora, got {self.critic_type!r}")
+        if self.loss_aggregation is not None:
+            if self.loss_aggregation not in LOSS_AGGREGATION:
+                raise ValueError(f"loss_aggregation must be one of {sorted(LOSS_AGGREGATION)}, got {self.loss_aggregation!r}")
+            self.loss_type = LOSS_AGGREGATION[self.loss_aggregation]
         if self.bf16 is None and not self.fp16:
             import torch
 

@@ -36,3 +36,77 @@ def test_grpo_advantages_by_hand():
     assert torch.allclose(adv[:3], expected0, atol=1e-6)
     assert torch.equal(adv[3:], torch.zeros(3))  # zero-std group: no signal
     assert torch.allclose(grpo_advantages(rewards, 3, "none"), torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, 0, 0]))
+
+
+# -- turn-aware credit ------------------------------------------------------------------------------
+from starpo_trl.advantages import bilevel_gae, masked_gae, normalize_rewards, place_rewards, rloo_advantages  # noqa: E402
+
+
+def test_masked_gae_skips_env_tokens_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 9.0, 9.0, 0.8, 9.0]])  # 9.0 on env tokens must never be used
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    adv, ret = masked_gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    # t=4: 1 - 0.8 = 0.2; t=1: 0.9*0.8 - 0.6 + 0.72*0.2 = 0.264; t=0: 0.9*0.6 - 0.5 + 0.72*0.264 = 0.23008
+    assert torch.allclose(adv, torch.tensor([[0.23008, 0.264, 0.0, 0.0, 0.2, 0.0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.73008, 0.864, 0.0, 0.0, 1.0, 0.0]]), atol=1e-6)
+
+
+def test_masked_gae_gamma_lambda_one_is_return_minus_value():
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    values = torch.arange(1, 11, dtype=torch.float32)[None] / 10
+    adv, _ = masked_gae(rewards, values, torch.ones_like(values), 1.0, 1.0)
+    expected = torch.tensor([[2.0] * 5 + [1.0] * 5]) - values
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_bilevel_gae_by_hand():
+    # rewards [0,0,0,0,1,0,0,0,0,1]: two turns ending at tokens 4 and 9, values 0.1..1.0
+    values = torch.arange(1, 11, dtype=torch.float32)[None] / 10
+    mask = torch.ones_like(values)
+    adv, ret = bilevel_gae([[1.0, 1.0]], [[4, 9]], values, mask, gamma=1.0, lam=1.0, turn_gamma=0.95)
+    # turn 2: A = 1 - 1.0 = 0, G = 1.0; turn 1: A = 1 + 0.95 * 1.0 - 0.5 = 1.45, G = 1.95
+    expected = torch.tensor([[1.85, 1.75, 1.65, 1.55, 1.45, 0.4, 0.3, 0.2, 0.1, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[1.95] * 5 + [1.0] * 5]), atol=1e-6)
+    turn_adv, _ = bilevel_gae([[1.0, 1.0]], [[4, 9]], values, mask, 1.0, 1.0, 0.95, turn_level_only=True)
+    assert torch.allclose(turn_adv, torch.tensor([[1.45] * 5 + [0.0] * 5]), atol=1e-6)
+
+
+def test_bilevel_gae_zero_reward_middle_turn_and_env_tokens():
+    # three turns, the middle one pays 0; env tokens (mask 0) between turns carry junk values
+    values = torch.tensor([[0.2, 0.4, 9.0, 0.3, 0.5, 9.0, 0.6, 0.8]])
+    mask = torch.tensor([[1, 1, 0, 1, 1, 0, 1, 1]])
+    adv, ret = bilevel_gae([[1.0, 0.0, 2.0]], [[1, 4, 7]], values, mask, gamma=1.0, lam=1.0, turn_gamma=0.5)
+    # turn 3: A3 = 2 - 0.8 = 1.2, G3 = 2.0; turn 2: A2 = 0 + 0.5*0.8 - 0.5 + 0.5*1.2 = 0.5, G2 = 1.0
+    # turn 1: A1 = 1 + 0.5*0.5 - 0.4 + 0.5*0.5 = 1.1, G1 = 1.5
+    expected = torch.tensor([[1.3, 1.1, 0.0, 0.7, 0.5, 0.0, 1.4, 1.2]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[1.5, 1.5, 0.0, 1.0, 1.0, 0.0, 2.0, 2.0]]), atol=1e-6)
+
+
+def test_bilevel_gae_one_turn_and_all_masked_padding_rows():
+    values = torch.tensor([[0.5, 0.25, 0.0], [3.0, 3.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    adv, ret = bilevel_gae([[1.0], []], [[1], []], values, mask, 1.0, 1.0, 0.95)
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.75, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.equal(ret[1], torch.zeros(3))
+    gae_adv, gae_ret = masked_gae(place_rewards((2, 3), [[1.0], []], [[1], []], per_turn=False), values, mask, 1.0, 1.0)
+    assert torch.allclose(gae_adv, adv) and torch.equal(gae_ret[1], torch.zeros(3))
+
+
+def test_place_rewards_per_turn_or_at_the_end():
+    per_turn = place_rewards((1, 6), [[0.5, 0.0, 1.0]], [[1, 3, 5]], per_turn=True)
+    assert per_turn.tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0, 1.0]]
+    at_end = place_rewards((1, 6), [[0.5, 0.0, 1.0]], [[1, 3, 5]], per_turn=False)
+    assert at_end.tolist() == [[0.0, 0.0, 0.0, 0.0, 0.0, 1.5]]
+
+
+def test_rloo_and_reward_normalisation_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 3.0, 3.0, 3.0])
+    # 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5
+    assert torch.allclose(rloo_advantages(rewards, 3), torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 0.0]))
+    assert torch.allclose(normalize_rewards(rewards, 3, "mean"), torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, 0, 0]))
+    assert torch.equal(normalize_rewards(rewards, 3, "identity"), rewards)
+    batch = normalize_rewards(torch.tensor([0.0, 10.0]), 2, "asym_clip", scope="batch", clip=0.5)
+    assert batch.tolist() == [-0.5, pytest.approx(10 / 2 / (50**0.5 + 1e-6))]

@@ -1,0 +1,127 @@
+"""The value model for the PPO / GAE path: a full copy of the policy, or a LoRA value adapter.
+
+``Critic`` predicts, for every completion position ``t``, the value of the state before token ``t``
+(the decoder's hidden state at position ``t - 1`` through a linear value head). It has its own
+AdamW optimizer, learning rate and value clipping, and is initialised from the policy's weights:
+
+- ``critic_type="full"``: a deep copy of the policy's decoder (no LM head) plus a value head.
+- ``critic_type="lora"`` (policy trained with PEFT): a second LoRA adapter named ``critic`` on the
+  policy's own frozen base, plus a value head. The base weights are shared, so a single-GPU LoRA
+  run pays only for the adapter, the head and their optimizer state.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from torch import nn
+
+CRITIC_ADAPTER = "critic"
+
+
+def _decoder(model):
+    """The transformer body of a causal LM (``model.model`` for Qwen/Llama), without its LM head."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(model, model.base_model_prefix)
+
+
+class Critic(nn.Module):
+    def __init__(self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01):
+        super().__init__()
+        if critic_type not in ("full", "lora"):
+            raise ValueError(f"critic_type must be 'full' or 'lora', got {critic_type!r}")
+        self.critic_type = critic_type
+        self.value_clip = value_clip
+        hidden = policy.config.get_text_config().hidden_size
+        if critic_type == "full":
+            self.backbone = copy.deepcopy(_decoder(policy))
+            self.backbone.requires_grad_(True)
+            self.policy = None
+        else:
+            if not hasattr(policy, "peft_config"):
+                raise ValueError("critic_type='lora' needs a PEFT policy: train with a peft_config (use_peft=True), or use critic_type='full'.")
+            policy.add_adapter(CRITIC_ADAPTER, copy.deepcopy(policy.peft_config["default"]))
+            policy.set_adapter("default")
+            self.backbone = None
+            self.policy = [policy]  # a list keeps the policy out of this module's parameters
+        ref = next(policy.parameters())
+        self.head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        params = list(self.head.parameters())
+        if self.backbone is not None:
+            return list(self.backbone.parameters()) + params
+        policy = self.policy[0]
+        return [p for n, p in policy.named_parameters() if f".{CRITIC_ADAPTER}." in n] + params
+
+    def _hidden(self, input_ids, attention_mask):
+        if self.backbone is not None:
+            return self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        policy = self.policy[0]
+        policy.set_adapter(CRITIC_ADAPTER)
+        try:
+            for p in self.trainable_parameters()[:-2]:
+                p.requires_grad_(True)
+            return _decoder(policy)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        finally:
+            policy.set_adapter("default")
+
+    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
+        """Values at the completion positions. (B, L) -> (B, logits_to_keep), float32."""
+        hidden = self._hidden(input_ids, attention_mask)[:, -logits_to_keep - 1 : -1]
+        return self.head(hidden.float()).squeeze(-1)
+
+    @torch.no_grad()
+    def values(self, input_ids, attention_mask, logits_to_keep: int, batch_size: int) -> torch.Tensor:
+        chunks = [self(input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep) for i in range(0, len(input_ids), batch_size)]
+        return torch.cat(chunks)
+
+    def update(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm: float = 1.0) -> dict:
+        """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction."""
+        values = self(input_ids, attention_mask, logits_to_keep)
+        m = mask.float()
+        n = m.sum().clamp(min=1.0)
+        loss_unclipped = (values - returns) ** 2
+        if self.value_clip is not None:
+            clipped = old_values + (values - old_values).clamp(-self.value_clip, self.value_clip)
+            loss_clipped = (clipped - returns) ** 2
+            losses = torch.max(loss_unclipped, loss_clipped)
+            clipfrac = ((loss_clipped > loss_unclipped).float() * m).sum() / n
+        else:
+            losses, clipfrac = loss_unclipped, torch.zeros(())
+        loss = 0.5 * (losses * m).sum() / n
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+        self.optimizer.step()
+        return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": float(grad_norm)}
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"params": [p.detach().cpu().clone() for p in self.trainable_parameters()], "optimizer": self.optimizer.state_dict()}
+
+    def save(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        torch.save(self.state(), os.path.join(directory, "critic.pt"))
+
+    def load(self, directory: str) -> None:
+        state = torch.load(os.path.join(directory, "critic.pt"), map_location="cpu", weights_only=True)
+        with torch.no_grad():
+            for p, saved in zip(self.trainable_parameters(), state["params"], strict=True):
+                p.copy_(saved.to(p.device, p.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns), over model tokens only."""
+    m = mask.bool()
+    v, r = values[m].float(), returns[m].float()
+    if r.numel() < 2:
+        return float("nan")
+    var = r.var()
+    return float("nan") if var == 0 else float(1 - (r - v).var() / var)
