@@ -70,25 +70,36 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (grouped - others).reshape(-1)
 
 
+def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(shift, scale)`` per trajectory such that the normalised reward is ``(r - shift) / scale``.
+
+    ``identity``: (0, 1); ``mean``: (mean, 1); ``mean_std`` and ``asym_clip``: (mean, std + 1e-6),
+    with mean and std per group (``scope="group"``, per start state) or over the batch.
+    """
+    if method not in ("identity", "mean", "mean_std", "asym_clip"):
+        raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {method!r}")
+    if method == "identity":
+        return torch.zeros_like(rewards), torch.ones_like(rewards)
+    view = rewards.view(-1, group_size) if scope == "group" else rewards.view(1, -1)
+    shift = view.mean(dim=1, keepdim=True).expand_as(view)
+    scale = torch.ones_like(view)
+    if method != "mean" and view.shape[1] > 1:
+        scale = (view.std(dim=1, keepdim=True) + 1e-6).expand_as(view)
+    return shift.reshape(-1), scale.reshape(-1)
+
+
 def normalize_rewards(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group", clip: float = 1.0) -> torch.Tensor:
     """Reward normalisation, applied AFTER the variance filter ranked the raw rewards. (N,) -> (N,).
 
     ``identity``; ``mean`` (subtract the mean); ``mean_std`` (subtract the mean, divide by std + 1e-6);
-    ``asym_clip`` (``mean_std`` then clip to ``[-clip, clip * 3]``, so rare large wins keep more weight
+    ``asym_clip`` (``mean_std`` then clip to ``[-clip, 3 * clip]``, so rare large wins keep more weight
     than rare large losses). ``scope`` is ``group`` (per start state) or ``batch``.
     """
-    if method == "identity":
-        return rewards
-    view = rewards.view(-1, group_size) if scope == "group" else rewards.view(1, -1)
-    centred = view - view.mean(dim=1, keepdim=True)
-    if method == "mean":
-        return centred.reshape(-1)
-    if method not in ("mean_std", "asym_clip"):
-        raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {method!r}")
-    scaled = centred / (view.std(dim=1, keepdim=True) + 1e-6) if view.shape[1] > 1 else centred
+    shift, scale = reward_normalization_terms(rewards, group_size, method, scope)
+    normalized = (rewards - shift) / scale
     if method == "asym_clip":
-        scaled = scaled.clamp(min=-clip, max=3 * clip)
-    return scaled.reshape(-1)
+        normalized = normalized.clamp(min=-clip, max=3 * clip)
+    return normalized
 
 
 def place_rewards(shape, turn_rewards: list[list[float]], turn_ends: list[list[int]], per_turn: bool) -> torch.Tensor:

@@ -160,6 +160,8 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}")
         if self.reward_norm_scope not in ("group", "batch"):
             raise ValueError(f"reward_norm_scope must be group or batch, got {self.reward_norm_scope!r}")
+        if self.use_turn_rewards and self.reward_normalization == "asym_clip":
+            raise ValueError("reward_normalization='asym_clip' cannot be split over turns: use mean_std with use_turn_rewards, or turn rewards off.")
         if self.critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be full or lora, got {self.critic_type!r}")
         if self.loss_aggregation is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -59,46 +60,47 @@ class Critic(nn.Module):
         policy = self.policy[0]
         return [p for n, p in policy.named_parameters() if f".{CRITIC_ADAPTER}." in n] + params
 
-    def _hidden(self, input_ids, attention_mask):
-        if self.backbone is not None:
-            return self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    @contextmanager
+    def active(self):
+        """For the LoRA critic: the ``critic`` adapter is active (and trainable) inside, ``default`` after."""
+        if self.policy is None:
+            yield
+            return
         policy = self.policy[0]
         policy.set_adapter(CRITIC_ADAPTER)
         try:
-            for p in self.trainable_parameters()[:-2]:
-                p.requires_grad_(True)
-            return _decoder(policy)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            yield
         finally:
             policy.set_adapter("default")
 
     def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        """Values at the completion positions. (B, L) -> (B, logits_to_keep), float32."""
-        hidden = self._hidden(input_ids, attention_mask)[:, -logits_to_keep - 1 : -1]
+        """Values at the completion positions. (B, L) -> (B, logits_to_keep), float32. Call inside ``active()``."""
+        decoder = self.backbone if self.backbone is not None else _decoder(self.policy[0])
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, -logits_to_keep - 1 : -1]
         return self.head(hidden.float()).squeeze(-1)
 
     @torch.no_grad()
     def values(self, input_ids, attention_mask, logits_to_keep: int, batch_size: int) -> torch.Tensor:
-        chunks = [self(input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep) for i in range(0, len(input_ids), batch_size)]
+        with self.active():
+            chunks = [self(input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep) for i in range(0, len(input_ids), batch_size)]
         return torch.cat(chunks)
 
-    def update(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm: float = 1.0) -> dict:
-        """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction."""
-        values = self(input_ids, attention_mask, logits_to_keep)
-        m = mask.float()
-        n = m.sum().clamp(min=1.0)
-        loss_unclipped = (values - returns) ** 2
-        if self.value_clip is not None:
-            clipped = old_values + (values - old_values).clamp(-self.value_clip, self.value_clip)
-            loss_clipped = (clipped - returns) ** 2
-            losses = torch.max(loss_unclipped, loss_clipped)
-            clipfrac = ((loss_clipped > loss_unclipped).float() * m).sum() / n
-        else:
-            losses, clipfrac = loss_unclipped, torch.zeros(())
-        loss = 0.5 * (losses * m).sum() / n
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
-        self.optimizer.step()
+    def update(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm: float = 1.0, reduce=None) -> dict:
+        """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction.
+
+        ``reduce(params)``, if given, averages gradients across processes before clipping.
+        """
+        with self.active():
+            values = self(input_ids, attention_mask, logits_to_keep)
+            loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if reduce is not None:
+                reduce(self.trainable_parameters())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+            self.optimizer.step()
+            # the LoRA critic's parameters live in the policy: leave no gradient for its clipping to see
+            self.optimizer.zero_grad(set_to_none=True)
         return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": float(grad_norm)}
 
     # -- checkpoints ----------------------------------------------------------------------------------
@@ -115,6 +117,22 @@ class Critic(nn.Module):
             for p, saved in zip(self.trainable_parameters(), state["params"], strict=True):
                 p.copy_(saved.to(p.device, p.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+def value_loss(values, old_values, returns, mask, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss over model tokens: ``0.5 * mean(max((v - R)^2, (v_clipped - R)^2))``
+    with ``v_clipped = v_old + clamp(v - v_old, -clip, clip)``; and the share of tokens where the
+    clipped term was larger. All (B, T); returns two scalars."""
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+    loss_unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * (loss_unclipped * m).sum() / n, torch.zeros((), device=values.device)
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    loss_clipped = (clipped - returns) ** 2
+    losses = torch.max(loss_unclipped, loss_clipped)
+    clipfrac = ((loss_clipped > loss_unclipped).float() * m).sum() / n
+    return 0.5 * (losses * m).sum() / n, clipfrac
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+import os
+
 import torch
 from datasets import Dataset
 from transformers import Trainer
@@ -19,8 +21,19 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad
 
-from starpo_trl.advantages import expand_groups, grpo_advantages, select_groups
-from starpo_trl.config import StarPOConfig
+from starpo_trl.advantages import (
+    bilevel_gae,
+    expand_groups,
+    grpo_advantages,
+    masked_gae,
+    normalize_rewards,
+    place_rewards,
+    reward_normalization_terms,
+    rloo_advantages,
+    select_groups,
+)
+from starpo_trl.config import CRITIC_ESTIMATORS, StarPOConfig
+from starpo_trl.critic import Critic, explained_variance
 from starpo_trl.evaluation import episode_metrics
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
 
@@ -96,6 +109,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         )
         self.rollout_config = rollout_config(args)
         self._backend = backend
+        self.critic = None
+        if args.advantage_estimator in CRITIC_ESTIMATORS:
+            if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+                raise ValueError("The critic does not support DeepSpeed ZeRO-3 yet: use ZeRO-2, or advantage_estimator='grpo'/'rloo'.")
+            self.critic = Critic(
+                self.accelerator.unwrap_model(self.model), args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay
+            )
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids)
 
@@ -129,16 +149,22 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
         keep = expand_groups(kept_groups, group)
         kept = [episodes[i] for i in keep.tolist()]
-        advantages = grpo_advantages(rewards[keep], group, self.scale_rewards).to(device)
+        kept_rewards = normalize_rewards(rewards[keep], group, args.reward_normalization, args.reward_norm_scope)
 
         batch = episodes_to_tensors(kept, self._tokenizer.pad_token_id, device)
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        batch["advantages"] = advantages
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits_to_keep = batch["completion_ids"].size(1)
+        if args.advantage_estimator == "grpo":
+            advantages = grpo_advantages(kept_rewards, group, self.scale_rewards).to(device)
+        elif args.advantage_estimator == "rloo":
+            advantages = rloo_advantages(kept_rewards, group).to(device)
+        else:
+            advantages = self._critic_advantages(kept, rewards[keep], kept_rewards, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode)
+        batch["advantages"] = advantages
         with torch.no_grad():
             generate_every = args.steps_per_generation * self.num_iterations
             if args.gradient_accumulation_steps % generate_every != 0:
@@ -158,6 +184,82 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
         self._log_rollout(mode, episodes, kept, rewards, advantages, len(kept_groups))
         return batch
+
+    def _critic_advantages(self, kept, raw, normalized, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
+        """Per-token advantages (B, T) from the critic's values; stores ``old_values`` and ``returns``."""
+        args: StarPOConfig = self.args
+        values = self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
+        ends = [ep.turn_end_positions for ep in kept]
+        if args.use_turn_rewards:
+            # each turn's reward divided by the normalisation scale, the shift taken off the last turn,
+            # so the turn rewards add up to the normalised episode reward (asym_clip is refused here)
+            shift, scale = reward_normalization_terms(raw, self.num_generations, args.reward_normalization, args.reward_norm_scope)
+            turn_rewards = [
+                [x / c for x in ep.turn_rewards[:-1]] + [(ep.turn_rewards[-1] - m) / c] if ep.turn_rewards else []
+                for ep, m, c in zip(kept, shift.tolist(), scale.tolist())
+            ]
+        else:  # the whole (normalised) episode reward on the last turn
+            turn_rewards = [[0.0] * (len(ep.turn_rewards) - 1) + [n] if ep.turn_rewards else [] for ep, n in zip(kept, normalized.tolist())]
+        if args.advantage_estimator == "gae":
+            token_rewards = place_rewards(values.shape, turn_rewards, ends, per_turn=True).to(values.device)
+            advantages, returns = masked_gae(token_rewards, values, loss_mask, args.gamma, args.lam)
+        else:
+            advantages, returns = bilevel_gae(
+                turn_rewards, ends, values.cpu(), loss_mask.cpu(), args.gamma, args.lam, args.turn_gamma, args.turn_lambda,
+                turn_level_only=args.advantage_estimator == "turn_gae",
+            )
+            advantages, returns = advantages.to(values.device), returns.to(values.device)
+        batch["old_values"], batch["returns"] = values, returns
+        m = loss_mask.bool()
+        self._metrics[mode]["critic/explained_variance"].append(explained_variance(values, returns, loss_mask))
+        for name, x in (("advantages", advantages), ("returns", returns), ("values", values)):
+            self._metrics[mode][f"{name}/mean"].append(x[m].mean().item() if m.any() else 0.0)
+            self._metrics[mode][f"{name}/std"].append(x[m].std().item() if m.sum() > 1 else 0.0)
+        self._metrics[mode]["advantages/max"].append(advantages[m].max().item() if m.any() else 0.0)
+        self._metrics[mode]["advantages/min"].append(advantages[m].min().item() if m.any() else 0.0)
+        return advantages
+
+    # -- the critic's update rides on the policy's micro-batches ------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.critic is not None and self.model.training and "returns" in inputs:
+            input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            mask = inputs["completion_mask"] * inputs["tool_mask"]
+            stats = self.critic.update(
+                input_ids, attention_mask, inputs["completion_ids"].size(1), inputs["old_values"], inputs["returns"], mask,
+                self.args.max_grad_norm, reduce=self._reduce_grads,
+            )
+            for key, value in stats.items():
+                self._metrics["train"][f"critic/{key}"].append(value)
+            if self.state.global_step < self.args.critic_warmup_steps:
+                # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+                return loss * 0.0
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _reduce_grads(self, params):
+        """Average the critic's gradients over processes (it is not wrapped in DDP)."""
+        if self.accelerator.num_processes > 1:
+            for p in params:
+                if p.grad is not None:
+                    p.grad = self.accelerator.reduce(p.grad, reduction="mean")
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.critic is not None and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            self.critic.save(os.path.join(folder, "value_model"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, "value_model")
+        if self.critic is not None and os.path.isdir(path):
+            self.critic.load(path)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        if self.critic is not None and not _internal_call and self.args.should_save:
+            self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"))
 
     def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups):
         group = self.num_generations
@@ -201,3 +303,4 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         Trainer.log(self, metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+

@@ -1,0 +1,138 @@
+import pytest
+import torch
+
+from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+from starpo_trl.critic import CRITIC_ADAPTER, Critic, explained_variance, value_loss
+
+
+@pytest.fixture
+def policy(tiny_tokenizer):
+    from starpo_trl.tiny import build_tiny_model
+
+    return build_tiny_model(tiny_tokenizer, seed=2, hidden_size=32, num_layers=1)
+
+
+def lora_policy(policy):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(policy, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+
+def test_value_loss_by_hand():
+    values, old, returns = torch.tensor([[0.8, 0.2]]), torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 0.0]])
+    mask = torch.tensor([[1, 0]])
+    loss, clipfrac = value_loss(values, old, returns, mask, clip=0.5)
+    # token 0: unclipped (0.8 - 1)^2 = 0.04, clipped (0.5 - 1)^2 = 0.25 -> 0.25; token 1 masked
+    assert loss.item() == pytest.approx(0.125) and clipfrac.item() == 1.0
+    loss, _ = value_loss(values, old, returns, mask, clip=None)
+    assert loss.item() == pytest.approx(0.02)
+
+
+def test_explained_variance_over_model_tokens_only():
+    returns = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert explained_variance(returns.clone(), returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.zeros_like(returns) + 2.0, returns, mask) == pytest.approx(0.0)
+
+
+def test_full_critic_starts_from_policy_weights_and_learns(policy):
+    critic = Critic(policy, "full", learning_rate=1e-2, value_clip=None)
+    for (n, p), (_, q) in zip(critic.backbone.named_parameters(), policy.model.named_parameters()):
+        assert torch.equal(p, q), n
+    ids = torch.randint(0, 100, (4, 10))
+    attn = torch.ones_like(ids)
+    returns = torch.tensor([[1.0] * 6, [0.0] * 6, [0.5] * 6, [2.0] * 6])
+    mask = torch.ones(4, 6)
+    assert torch.equal(critic.values(ids, attn, 6, 2), torch.zeros(4, 6))  # zero-initialised head
+    first = critic.update(ids, attn, 6, torch.zeros(4, 6), returns, mask)["value_loss"]
+    for _ in range(60):
+        last = critic.update(ids, attn, 6, torch.zeros(4, 6), returns, mask)["value_loss"]
+    assert last < first / 5
+    before = [p.clone() for p in policy.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))  # the policy is untouched
+
+
+def test_lora_critic_trains_only_its_adapter_and_head(policy):
+    peft = lora_policy(policy)
+    critic = Critic(peft, "lora", learning_rate=1e-2)
+    names = [n for n, _ in peft.named_parameters()]
+    assert any(f".{CRITIC_ADAPTER}." in n for n in names)
+    snapshot = {n: p.clone() for n, p in peft.named_parameters()}
+    ids = torch.randint(0, 100, (2, 8))
+    for _ in range(3):
+        critic.update(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    changed = {n for n, p in peft.named_parameters() if not torch.equal(p, snapshot[n])}
+    assert changed and all(f".{CRITIC_ADAPTER}." in n for n in changed)
+    assert peft.active_adapter == "default"
+    assert len(critic.trainable_parameters()) == len([n for n in names if f".{CRITIC_ADAPTER}." in n]) + 2
+
+
+def test_critic_refuses_lora_without_peft(policy):
+    with pytest.raises(ValueError, match="PEFT"):
+        Critic(policy, "lora")
+
+
+def test_critic_save_and_load_restore_exactly(policy, tmp_path):
+    critic = Critic(policy, "full", learning_rate=1e-2)
+    ids = torch.randint(0, 100, (2, 8))
+    critic.update(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    critic.save(str(tmp_path))
+    saved = [p.clone() for p in critic.trainable_parameters()]
+    critic.update(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    critic.load(str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(saved, critic.trainable_parameters()))
+
+
+def make_args(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path), env_id="starpo/Sokoban-v0", num_start_states=2, num_generations=4, rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2, max_turns=3, max_tokens_per_turn=10,
+        learning_rate=1e-3, critic_learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True, seed=0,
+    )
+    base.update(kw)
+    return StarPOConfig(**base)
+
+
+@pytest.mark.parametrize("estimator", ["gae", "bilevel_gae", "turn_gae"])
+def test_trainer_critic_advantages_are_per_token_and_masked(tmp_path, tiny_tokenizer, policy, estimator):
+    args = make_args(tmp_path, advantage_estimator=estimator, use_turn_rewards=True)
+    trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer)
+    batch = trainer._generate_and_score_completions([{"seed": s} for s in range(2) for _ in range(4)])
+    adv, mask = batch["advantages"], batch["completion_mask"] * batch["tool_mask"]
+    assert adv.shape == batch["completion_ids"].shape
+    assert torch.equal(adv[mask == 0], torch.zeros_like(adv[mask == 0]))
+    assert torch.equal(batch["returns"][mask == 0], torch.zeros_like(adv[mask == 0]))
+    # the critic starts at zero, so each episode's return at its first model token is its total reward
+    # (gamma = lambda = 1, turn discount only for bi-level)
+    if estimator == "gae":
+        first = mask.float().argmax(dim=1)
+        totals = batch["returns"][torch.arange(len(first)), first]
+        assert torch.all(totals < 0)  # step costs and format penalties of an untrained model
+
+
+def test_trainer_trains_and_resumes_the_critic(tmp_path, tiny_tokenizer, policy):
+    args = make_args(tmp_path, advantage_estimator="gae", save_strategy="steps", save_steps=2, max_steps=2)
+    trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer)
+    start = [p.clone() for p in trainer.critic.trainable_parameters()]
+    trainer.train()
+    trained = [p.clone() for p in trainer.critic.trainable_parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(start, trained))
+    logged = {k for row in trainer.state.log_history for k in row}
+    assert {"critic/value_loss", "critic/value_clipfrac", "critic/explained_variance", "advantages/mean", "returns/mean"} <= logged
+    assert (tmp_path / "checkpoint-2" / "value_model" / "critic.pt").exists()
+
+    from starpo_trl.tiny import build_tiny_model
+
+    fresh = MultiTurnStarPOTrainer(build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1), args, processing_class=tiny_tokenizer)
+    fresh._load_from_checkpoint(str(tmp_path / "checkpoint-2"))
+    assert all(torch.equal(a, b) for a, b in zip(trained, fresh.critic.trainable_parameters()))
+
+
+def test_loss_aggregation_maps_onto_trl_loss_types(tmp_path):
+    assert make_args(tmp_path, loss_aggregation="token-mean").loss_type == "dapo"
+    assert make_args(tmp_path, loss_aggregation="seq-mean-token-mean").loss_type == "grpo"
+    assert make_args(tmp_path, loss_aggregation="seq-mean-token-sum").loss_type == "luspo"
+    with pytest.raises(ValueError, match="loss_aggregation"):
+        make_args(tmp_path, loss_aggregation="sum")
+    with pytest.raises(ValueError, match="asym_clip"):
+        make_args(tmp_path, use_turn_rewards=True, reward_normalization="asym_clip")
