@@ -26,6 +26,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/envs.py
+	$(PY) benchmarks/critic_memory.py
 
 clean:
 	rm -rf $(VENV) runs

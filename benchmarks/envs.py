@@ -1,9 +1,8 @@
 """Env speed: resets/s and steps/s per registered env, on one core. Target: 6x6 Sokoban >= 200 resets/s.
 
-    python benchmarks/envs.py            # prints a table, writes benchmarks/envs.json
+    python benchmarks/envs.py            # prints a table, stores it in benchmarks/results.json + BENCHMARKS.md
 """
 
-import json
 import pathlib
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import gymnasium as gym
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import envs  # noqa: E402
 
 
@@ -39,8 +39,9 @@ def main():
         print(f"{env_id:28s} {resets:10.0f} resets/s {steps:10.0f} steps/s")
     sokoban = results["starpo/Sokoban-v0"]["resets_per_s"]
     print(f"Sokoban 6x6 resets/s: {sokoban:.0f} (target >= 200): {'OK' if sokoban >= 200 else 'BELOW TARGET'}")
-    out = pathlib.Path(__file__).with_name("envs.json")
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    from report import store
+
+    store("envs", {"per_env": results, "sokoban_target_met": sokoban >= 200})
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ depends on this module.
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 # ChatML, with `{% generation %}` markers around assistant replies so SFT can train on them alone.
 CHATML_TEMPLATE = (
@@ -52,10 +53,22 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerBase:
+    """A ``Qwen2Tokenizer`` (Qwen's byte-level BPE pre-tokenisation) with a small vocabulary trained here.
+
+    Being a real ``Qwen2Tokenizer`` means a saved tiny checkpoint reloads through ``AutoTokenizer``
+    with exactly the same tokenisation, as a Hub Qwen checkpoint would.
+    """
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
@@ -63,19 +76,21 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    model = json.loads(tok.to_str())["model"]
+    tokenizer = Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]],
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
+        unk_token=None,
+        extra_special_tokens=["<|im_start|>"],
     )
     tokenizer.add_tokens(TAG_TOKENS)
     tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.padding_side = "left"
     return tokenizer
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
