@@ -23,6 +23,8 @@ from typing import Protocol
 import gymnasium as gym
 import torch
 
+import envs  # noqa: F401  (registers the starpo/* env ids)
+
 from starpo_trl.prompting import SYSTEM_PROMPT, first_user_message, parse_reply, turn_message
 
 
