@@ -52,7 +52,7 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     start = time.time()
     if args.env_id is None:
         raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
-    model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed)
+    model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code)
     if run_args.warm_start_episodes > 0:
         from starpo_trl.warm_start import demonstrations, warm_start
 

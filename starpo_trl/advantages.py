@@ -1,7 +1,8 @@
 """StarPO algorithms as pure tensor functions: group statistics, the variance filter, GRPO advantages.
 
 Rewards arrive as a flat tensor of ``num_groups * group_size`` trajectory rewards, grouped
-consecutively (trajectories ``[g * G, (g + 1) * G)`` share start state ``g``).
+consecutively (trajectories ``[g * G, (g + 1) * G)`` share start state ``g``). A NaN reward marks
+a trajectory left out (its env failed): statistics ignore it and its advantage is 0.
 """
 
 from __future__ import annotations
@@ -11,9 +12,19 @@ import math
 import torch
 
 
+def nanstd(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased std ignoring NaNs (NaN where fewer than two values)."""
+    valid = ~torch.isnan(x)
+    n = valid.sum(dim=dim, keepdim=True)
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    var = torch.where(valid, (x - mean) ** 2, torch.zeros_like(x)).sum(dim=dim, keepdim=True) / (n - 1)
+    var = torch.where(n > 1, var, torch.full_like(var, float("nan")))
+    return var.sqrt() if keepdim else var.sqrt().squeeze(dim)
+
+
 def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """In-group standard deviation (unbiased, as in GRPO) of trajectory rewards. (N,) -> (N / G,)."""
-    return rewards.view(-1, group_size).std(dim=1, unbiased=True)
+    return nanstd(rewards.view(-1, group_size), dim=1)
 
 
 def num_kept_groups(num_groups: int, ratio: float) -> int:
@@ -37,6 +48,7 @@ def select_groups(rewards: torch.Tensor, group_size: int, ratio: float, metric: 
         raise ValueError(f"rollout_filter_metric must be 'std', 'std_rev' or 'none', got {metric!r}")
     k = num_kept_groups(num_groups, ratio)
     std = group_std(rewards.float(), group_size)
+    std = torch.nan_to_num(std, nan=float("inf") if metric == "std_rev" else -1.0)  # groups of failed envs go last
     # stable sort so equal stds keep the earlier group
     order = torch.sort(std if metric == "std_rev" else -std, stable=True).indices
     return torch.sort(order[:k]).values
@@ -51,23 +63,26 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"
     """GRPO advantages: reward minus its group mean, divided by the group std (``scale="group"``), the
     batch std (``"batch"``) or nothing (``"none"``). Same formula and ``eps`` as TRL. (N,) -> (N,)."""
     grouped = rewards.view(-1, group_size)
-    centred = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    centred = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).reshape(-1)
     if scale == "none":
-        return centred
+        return torch.nan_to_num(centred, nan=0.0)
     if scale == "group":
-        std = grouped.std(dim=1, unbiased=True).repeat_interleave(group_size)
+        std = nanstd(grouped, dim=1).repeat_interleave(group_size)
     elif scale == "batch":
-        std = rewards.std(unbiased=True).expand_as(rewards)
+        std = nanstd(rewards, dim=0).expand_as(rewards)
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale!r}")
-    return centred / (std + eps)
+    return torch.nan_to_num(centred / (torch.nan_to_num(std, nan=0.0) + eps), nan=0.0)
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """RLOO: reward minus the mean of the OTHER trajectories of its group. (N,) -> (N,)."""
     grouped = rewards.view(-1, group_size)
-    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others).reshape(-1)
+    valid = ~torch.isnan(grouped)
+    filled = torch.nan_to_num(grouped, nan=0.0)
+    count = valid.sum(dim=1, keepdim=True) - valid.long()
+    others = (filled.sum(dim=1, keepdim=True) - filled) / count.clamp(min=1)
+    return torch.where(valid & (count > 0), grouped - others, torch.zeros_like(grouped)).reshape(-1)
 
 
 def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,10 +96,10 @@ def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: s
     if method == "identity":
         return torch.zeros_like(rewards), torch.ones_like(rewards)
     view = rewards.view(-1, group_size) if scope == "group" else rewards.view(1, -1)
-    shift = view.mean(dim=1, keepdim=True).expand_as(view)
+    shift = torch.nan_to_num(torch.nanmean(view, dim=1, keepdim=True), nan=0.0).expand_as(view)
     scale = torch.ones_like(view)
     if method != "mean" and view.shape[1] > 1:
-        scale = (view.std(dim=1, keepdim=True) + 1e-6).expand_as(view)
+        scale = (torch.nan_to_num(nanstd(view, dim=1, keepdim=True), nan=0.0) + 1e-6).expand_as(view)
     return shift.reshape(-1), scale.reshape(-1)
 
 

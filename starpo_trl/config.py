@@ -47,6 +47,11 @@ class StarPOConfig(GRPOConfig):
         format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
             names an unknown action.
         eval_temperature (`float`, 0.5): sampling temperature of held-out evaluation.
+        env_step_timeout (`float` or `None`): seconds an env reset/step may take; a slower one ends
+            its episode (the call runs on in a daemon thread). `None`: no limit.
+        env_error_policy (`str`, `"exclude"`): what an episode whose env raised, timed out or paid
+            a non-finite reward becomes: `exclude` (out of the loss and of its group's statistics)
+            or `failure_reward` (trained on, with reward `env_failure_reward`, default 0.0).
 
         > StarPO-S
 
@@ -94,6 +99,9 @@ class StarPOConfig(GRPOConfig):
     enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
     format_penalty: float = field(default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."})
     eval_temperature: float = field(default=0.5, metadata={"help": "Sampling temperature for held-out evaluation."})
+    env_step_timeout: float | None = field(default=None, metadata={"help": "Seconds an env reset/step may take (None: no limit)."})
+    env_error_policy: str = field(default="exclude", metadata={"help": "exclude or failure_reward, for episodes whose env failed."})
+    env_failure_reward: float = field(default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."})
 
     rollout_filter_ratio: float = field(default=0.25, metadata={"help": "Share of groups kept by the variance filter."})
     rollout_filter_metric: str = field(default="std", metadata={"help": "Filter ranking: std, std_rev or none."})
@@ -138,10 +146,16 @@ class StarPOConfig(GRPOConfig):
         self.eval_env_kwargs = dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
         self.eval_env_id = self.eval_env_id or self.env_id
         if self.env_id is not None:
-            from starpo_trl.envs_registry import check_env_id
+            from starpo_trl.envs_registry import check_env_contract, check_env_id
 
             check_env_id(self.env_id, "env_id")
             check_env_id(self.eval_env_id, "eval_env_id")
+            check_env_contract(self.env_id, self.env_kwargs, "env_id")
+            check_env_contract(self.eval_env_id, self.eval_env_kwargs, "eval_env_id")
+        if self.env_error_policy not in ("exclude", "failure_reward"):
+            raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
+        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
+            raise ValueError(f"env_step_timeout must be positive seconds or None, got {self.env_step_timeout}")
         if self.rollout_filter_metric not in FILTER_METRICS:
             raise ValueError(f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}")
         if not 0.0 < self.rollout_filter_ratio <= 1.0:

@@ -104,19 +104,26 @@ class Critic(nn.Module):
         return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": float(grad_norm)}
 
     # -- checkpoints ----------------------------------------------------------------------------------
-    def state(self) -> dict:
-        return {"params": [p.detach().cpu().clone() for p in self.trainable_parameters()], "optimizer": self.optimizer.state_dict()}
-
     def save(self, directory: str) -> None:
+        """Weights as safetensors (``critic.safetensors``), optimizer state beside them, as Trainer does."""
+        from safetensors.torch import save_file
+
         os.makedirs(directory, exist_ok=True)
-        torch.save(self.state(), os.path.join(directory, "critic.pt"))
+        tensors = {f"{i:05d}": p.detach().cpu().contiguous() for i, p in enumerate(self.trainable_parameters())}
+        save_file(tensors, os.path.join(directory, "critic.safetensors"))
+        torch.save(self.optimizer.state_dict(), os.path.join(directory, "critic_optimizer.pt"))
 
     def load(self, directory: str) -> None:
-        state = torch.load(os.path.join(directory, "critic.pt"), map_location="cpu", weights_only=True)
+        from safetensors.torch import load_file
+
+        tensors = load_file(os.path.join(directory, "critic.safetensors"))
+        params = self.trainable_parameters()
+        if len(tensors) != len(params):
+            raise ValueError(f"{directory} holds {len(tensors)} critic tensors, this critic has {len(params)}: was it saved with another critic_type?")
         with torch.no_grad():
-            for p, saved in zip(self.trainable_parameters(), state["params"], strict=True):
-                p.copy_(saved.to(p.device, p.dtype))
-        self.optimizer.load_state_dict(state["optimizer"])
+            for i, p in enumerate(params):
+                p.copy_(tensors[f"{i:05d}"].to(p.device, p.dtype))
+        self.optimizer.load_state_dict(torch.load(os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True))
 
 
 def value_loss(values, old_values, returns, mask, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:

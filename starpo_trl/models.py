@@ -14,8 +14,10 @@ class TinyModelArguments:
     tiny_num_layers: int = field(default=4, metadata={"help": "Layers of the offline tiny model."})
 
 
-def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = None, seed: int = 0):
-    """``model_args`` is TRL's ``ModelConfig``; ``model_name_or_path="tiny"`` builds the offline tiny model."""
+def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = None, seed: int = 0, trust_remote_code: bool = False):
+    """``model_args`` is TRL's ``ModelConfig``; ``model_name_or_path="tiny"`` builds the offline tiny model.
+
+    The tokenizer loads first and its chat template is checked before the weights load."""
     name = model_args.model_name_or_path
     if name is None:
         raise ValueError("Set model_name_or_path (a Hub id such as Qwen/Qwen2.5-0.5B-Instruct, a local directory, or 'tiny').")
@@ -26,9 +28,10 @@ def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = 
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(tokenizer, seed=seed, hidden_size=tiny_args.tiny_hidden_size, num_layers=tiny_args.tiny_num_layers)
         return model, tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision, trust_remote_code=model_args.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision, trust_remote_code=trust_remote_code)
+    check_chat_template(tokenizer, name, model_args)  # before the (large) weights load
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-    kwargs = dict(revision=model_args.model_revision, trust_remote_code=model_args.trust_remote_code, dtype=dtype)
+    kwargs = dict(revision=model_args.model_revision, trust_remote_code=trust_remote_code, dtype=dtype)
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
     from trl import get_quantization_config
@@ -40,3 +43,18 @@ def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = 
         kwargs.update(quantization_config=quantization, device_map=get_kbit_device_map())
     model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     return model, tokenizer
+
+
+def check_chat_template(tokenizer, name: str, model_args) -> None:
+    """Refuse a chat template the episode engine cannot extend token-exactly (see ``ChatFormat``)."""
+    from transformers import GenerationConfig
+
+    from starpo_trl.rollout import ChatFormat
+
+    eos = [tokenizer.eos_token_id]
+    try:
+        extra = GenerationConfig.from_pretrained(name, revision=model_args.model_revision).eos_token_id
+        eos += [e for e in (extra if isinstance(extra, list) else [extra]) if e is not None and e not in eos]
+    except OSError:  # no generation_config.json: the tokenizer's eos is all there is
+        pass
+    ChatFormat(tokenizer, eos)

@@ -16,6 +16,8 @@ that were sampled. The engine needs no Trainer: give it a tokenizer and a backen
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -209,6 +211,29 @@ class RolloutConfig:
     enable_think: bool = True
     format_penalty: float = -0.1
     temperature: float = 1.0
+    env_step_timeout: float | None = None  # seconds per reset/step; None: no limit, no threads
+
+
+def call_with_timeout(fn, timeout: float | None, *args):
+    """``fn(*args)``, or TimeoutError after ``timeout`` seconds (the call runs on in a daemon thread)."""
+    if timeout is None:
+        return fn(*args)
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as err:  # handed to the caller below
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"took longer than env_step_timeout={timeout}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 class RolloutEngine:
@@ -224,11 +249,12 @@ class RolloutEngine:
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
         episodes, env_list, actions_left = [], [], []
+        self._last_obs = []
         for start in starts:
-            env = None
+            env, obs = None, ""
             try:
                 env = start.make_env()
-                obs, _ = env.reset(seed=start.seed)
+                obs, _ = call_with_timeout(lambda: env.reset(seed=start.seed), cfg.env_step_timeout)
                 content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
                 ep.messages.append({"role": "user", "content": content})
@@ -237,6 +263,7 @@ class RolloutEngine:
                 ep.env_error, ep.done = f"reset: {type(err).__name__}: {err}", True
             episodes.append(ep)
             env_list.append(env)
+            self._last_obs.append(obs)
             actions_left.append(cfg.max_actions_per_episode)
 
         for turn in range(1, cfg.max_turns + 1):
@@ -269,8 +296,7 @@ class RolloutEngine:
                 if ep.done or turn == cfg.max_turns or actions_left[i] <= 0:
                     ep.done = True
                     continue
-                obs = env_list[i].unwrapped.render_text() if env_list[i] is not None else ""
-                content = turn_message(turn + 1, obs, actions_left[i] if self._named(env_list[i]) else None, reward, cfg.enable_think)
+                content = turn_message(turn + 1, self._last_obs[i], actions_left[i] if self._named(env_list[i]) else None, reward, cfg.enable_think)
                 obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids({"role": "user", "content": content})
                 if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
                     ep.truncated = True  # cut at a turn boundary: the next turn would not fit
@@ -280,9 +306,12 @@ class RolloutEngine:
                 ep.logprobs += [0.0] * len(obs_ids)
                 ep.messages.append({"role": "user", "content": content})
             self.timings["env"] += time.perf_counter() - t0
-        for env in env_list:
-            if env is not None:
-                env.close()
+        for ep, env in zip(episodes, env_list):
+            if env is not None and ep.env_error is None:
+                try:
+                    env.close()
+                except Exception:  # a failing close loses nothing: the episode is already recorded
+                    pass
         return episodes
 
     @staticmethod
@@ -302,10 +331,14 @@ class RolloutEngine:
                 ep.num_actions += 1
                 continue
             try:
-                _, r, terminated, truncated, info = env.step(action)
-            except Exception as err:  # a failing env ends only this episode
+                obs, r, terminated, truncated, info = call_with_timeout(env.step, cfg.env_step_timeout, action)
+                r = float(r)
+                if not math.isfinite(r):
+                    raise ValueError(f"non-finite reward {r!r}")
+            except Exception as err:  # a failing, slow or NaN-paying env ends only this episode
                 ep.env_error, ep.done = f"step: {type(err).__name__}: {err}", True
                 break
+            self._last_obs[i] = obs
             ep.num_actions += 1
             actions_left[i] -= 1
             reward += float(r)

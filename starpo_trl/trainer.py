@@ -26,6 +26,7 @@ from starpo_trl.advantages import (
     expand_groups,
     grpo_advantages,
     masked_gae,
+    nanstd,
     normalize_rewards,
     place_rewards,
     reward_normalization_terms,
@@ -62,6 +63,7 @@ def rollout_config(args: StarPOConfig) -> RolloutConfig:
         enable_think=args.enable_think,
         format_penalty=args.format_penalty,
         temperature=args.temperature,
+        env_step_timeout=args.env_step_timeout,
     )
 
 
@@ -141,10 +143,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         starts = self._starts([x["seed"] for x in inputs], args.env_id, args.env_kwargs)
         episodes = self.play(starts, self.temperature)
 
+        failed = torch.tensor([ep.env_error is not None for ep in episodes])
         rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
-        if not torch.isfinite(rewards).all():
-            bad = [ep.start for ep, r in zip(episodes, rewards) if not torch.isfinite(r)]
-            raise ValueError(f"The env returned a non-finite reward (NaN or inf) for start states {bad[:3]}; fix the env's reward.")
+        # A failed episode is left out (NaN: out of its group's statistics, advantage 0, no loss) or
+        # trained on with the failure reward.
+        rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
         # Variance filter on RAW rewards, per process (each process holds whole groups), before any forward pass.
         kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
         keep = expand_groups(kept_groups, group)
@@ -152,6 +155,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         kept_rewards = normalize_rewards(rewards[keep], group, args.reward_normalization, args.reward_norm_scope)
 
         batch = episodes_to_tensors(kept, self._tokenizer.pad_token_id, device)
+        if args.env_error_policy == "exclude":
+            batch["tool_mask"][failed[keep].to(device)] = 0
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
@@ -182,7 +187,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                         ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
                     )
 
-        self._log_rollout(mode, episodes, kept, rewards, advantages, len(kept_groups))
+        row_advantages = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
+        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups))
         return batch
 
     def _critic_advantages(self, kept, raw, normalized, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
@@ -267,9 +273,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         name = self.args.env_id.split("/")[-1]
         for key, value in metrics.items():
             self._metrics[mode][f"env/{name}/{key}"].append(value)
+        errors = torch.tensor(float(sum(ep.env_error is not None for ep in episodes)), device=self.accelerator.device)
+        self._metrics[mode]["env/errors"].append(self.accelerator.gather(errors).sum().item())
         all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))
-        self._metrics[mode]["reward"].append(all_rewards.mean().item())
-        self._metrics[mode]["reward_std"].append(all_rewards.std().item())
+        self._metrics[mode]["reward"].append(torch.nanmean(all_rewards).item())
+        self._metrics[mode]["reward_std"].append(nanstd(all_rewards, dim=0).item())
         self._metrics[mode]["frac_reward_zero_std"].append(metrics.get("frac_zero_std_groups", 0.0))
         self._metrics[mode]["rollout/kept_fraction"].append(num_kept_groups * group / len(episodes))
         model_tokens = [sum(ep.env_mask) for ep in episodes]

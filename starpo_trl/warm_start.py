@@ -37,7 +37,7 @@ def demonstration(env_id: str, env_kwargs: dict, seed: int, noise: float, cfg: R
         for _ in range(min(actions_per_turn if named else 1, cfg.max_actions_per_turn, left)):
             action = noisy_expert_action(env, noise, rng)
             actions.append(action)
-            _, r, terminated, truncated, info = env.step(action)
+            obs, r, terminated, truncated, info = env.step(action)
             reward += r
             left -= 1
             if terminated or truncated:
@@ -47,8 +47,7 @@ def demonstration(env_id: str, env_kwargs: dict, seed: int, noise: float, cfg: R
         total += reward
         if done or turn == cfg.max_turns or left <= 0:
             break
-        state = env.unwrapped.render_text()
-        messages.append({"role": "user", "content": turn_message(turn + 1, state, left if named else None, reward, cfg.enable_think)})
+        messages.append({"role": "user", "content": turn_message(turn + 1, obs, left if named else None, reward, cfg.enable_think)})
     env.close()
     return {"messages": messages, "reward": total, "success": success}
 

@@ -119,7 +119,7 @@ def test_trainer_trains_and_resumes_the_critic(tmp_path, tiny_tokenizer, policy)
     assert any(not torch.equal(a, b) for a, b in zip(start, trained))
     logged = {k for row in trainer.state.log_history for k in row}
     assert {"critic/value_loss", "critic/value_clipfrac", "critic/explained_variance", "advantages/mean", "returns/mean"} <= logged
-    assert (tmp_path / "checkpoint-2" / "value_model" / "critic.pt").exists()
+    assert (tmp_path / "checkpoint-2" / "value_model" / "critic.safetensors").exists()
 
     from starpo_trl.tiny import build_tiny_model
 
