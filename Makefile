@@ -25,7 +25,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
 bench: $(STAMP)
-	$(PY) benchmarks/envs.py
+	$(PY) benchmarks/env_speed.py
+	$(PY) benchmarks/speed.py
 	$(PY) benchmarks/critic_memory.py
 
 clean:

@@ -1,0 +1,182 @@
+"""Speed of the episode engine and of a training step, as ratios measured side by side in one run.
+
+    python benchmarks/speed.py      # stores the rows in benchmarks/results.json and BENCHMARKS.md
+
+- rollout_overhead_ratio: the engine playing 32 Sokoban episodes x 5 turns, divided by the bare
+  ``model.generate`` calls on exactly the same token inputs (recorded, then replayed with the same
+  RNG state). Target <= 1.10.
+- batched_vs_sequential_speedup: the same 32 episodes one at a time vs batched per turn. Target >= 5.
+- step_time_ratio_vs_trl_grpo: one step of MultiTurnStarPOTrainer on single-turn Bandit vs stock
+  trl.GRPOTrainer on the same prompt, group size, completion length and model (the reward
+  function parses the same answer). Target <= 1.15.
+- prefill tokens per turn: tokens fed to generate at each turn (no KV-cache reuse across turns in
+  the HF backend yet, so it grows with the history).
+- peak RSS of a shortened CPU demo run (a separate process).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState  # noqa: E402
+from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+
+REPEATS = 3
+
+
+class Recording:
+    """Wraps a backend: records each call's inputs and the time spent inside it."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.seconds = inner, [], 0.0
+
+    def generate(self, sequences, max_new_tokens, temperature):
+        self.calls.append(([list(s) for s in sequences], max_new_tokens, temperature, torch.get_rng_state()))
+        start = time.perf_counter()
+        out = self.inner.generate(sequences, max_new_tokens, temperature)
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def bare_generate_seconds(model, tok, calls) -> float:
+    """Replay the recorded calls with plain model.generate (inputs padded before the clock starts)."""
+    total = 0.0
+    for sequences, max_new, temperature, rng in calls:
+        width = max(map(len, sequences))
+        ids = torch.full((len(sequences), width), tok.pad_token_id)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(sequences):
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+        torch.set_rng_state(rng)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=True, temperature=temperature,
+                           top_k=None, top_p=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        total += time.perf_counter() - start
+    return total
+
+
+def rollout_rows(model, tok) -> dict:
+    cfg = RolloutConfig(max_turns=5, max_tokens_per_turn=24)
+    starts = [StartState("starpo/Sokoban-v0", s) for s in range(8) for _ in range(4)]
+    ratios, speedups, prefill = [], [], None
+    RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]).run(starts)  # warm-up
+    for rep in range(REPEATS):
+        rec = Recording(HFBackend(model, tok.pad_token_id, [tok.eos_token_id]))
+        engine = RolloutEngine(tok, rec, cfg, [tok.eos_token_id])
+        torch.manual_seed(rep)
+        start = time.perf_counter()
+        episodes = engine.run(starts)
+        engine_s = time.perf_counter() - start
+        bare_s = bare_generate_seconds(model, tok, rec.calls)
+        ratios.append(engine_s / bare_s)
+        prefill = [sum(map(len, seqs)) / len(seqs) for seqs, *_ in rec.calls]
+        seq_engine = RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id])
+        torch.manual_seed(rep)
+        start = time.perf_counter()
+        for s in starts:
+            seq_engine.run([s])
+        speedups.append((time.perf_counter() - start) / engine_s)
+        print(f"rollout rep {rep}: engine {engine_s:.2f}s, bare generate {bare_s:.2f}s, sequential x{speedups[-1]:.1f}, turns {max(e.num_turns for e in episodes)}")
+    return {
+        "rollout_overhead_ratio": sorted(ratios)[len(ratios) // 2],
+        "batched_vs_sequential_speedup": sorted(speedups)[len(speedups) // 2],
+        "prefill_tokens_per_episode_by_turn": [round(p, 1) for p in prefill],
+    }
+
+
+def step_time_rows(model_seed: int = 0) -> dict:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    import gymnasium as gym
+    from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+    from starpo_trl.prompting import first_user_message, parse_reply
+    from starpo_trl.rollout import ChatFormat
+
+    tok = build_tiny_tokenizer()
+    common = dict(per_device_train_batch_size=16, gradient_accumulation_steps=1, num_generations=8, max_steps=6, learning_rate=1e-4,
+                  report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1, temperature=1.0, beta=0.0, epsilon_high=0.28,
+                  bf16=False)
+    tmp = tempfile.mkdtemp()
+    ours = MultiTurnStarPOTrainer(
+        build_tiny_model(tok, seed=model_seed), StarPOConfig(output_dir=tmp + "/a", env_id="starpo/Bandit-v0", num_start_states=2, rollout_filter_ratio=1.0,
+                                                             max_turns=1, max_tokens_per_turn=32, **common), processing_class=tok)
+    env = gym.make("starpo/Bandit-v0")
+    prompts = []
+    for seed in range(64):
+        obs, _ = env.reset(seed=seed)
+        prompts.append({"prompt": [{"role": "system", "content": "You are a helpful assistant."},
+                                   {"role": "user", "content": first_user_message(env, obs, 5, 1, True)}], "seed": seed})
+
+    def bandit_reward(completions, seed, **kwargs):
+        rewards = []
+        for completion, s in zip(completions, seed):
+            e = gym.make("starpo/Bandit-v0")
+            e.reset(seed=s)
+            parsed = parse_reply(completion[0]["content"], max_actions=1)
+            rewards.append(e.step(parsed.actions[0])[1] if parsed.format_ok else -0.1)
+        return rewards
+
+    stock = GRPOTrainer(build_tiny_model(tok, seed=model_seed), reward_funcs=[bandit_reward], processing_class=tok,
+                        args=GRPOConfig(output_dir=tmp + "/b", max_completion_length=32, **common), train_dataset=Dataset.from_list(prompts))
+    ChatFormat(tok, [tok.eos_token_id])  # same template check the engine makes, outside the clock
+    times = {}
+    for name, trainer in (("starpo", ours), ("trl", stock)):
+        trainer.train()
+        steps = [r["step_time"] for r in trainer.state.log_history if "step_time" in r][1:]  # the first warms up
+        tokens = [r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")]
+        times[name] = (sorted(steps)[len(steps) // 2], sum(tokens) / len(tokens))
+        print(f"{name}: median step {times[name][0]:.3f}s, mean completion tokens {times[name][1]:.1f}")
+    # normalise by model tokens per step, since sampled lengths differ between the two runs
+    per_token = {k: t / n for k, (t, n) in times.items()}
+    return {
+        "step_time_ratio_vs_trl_grpo": per_token["starpo"] / per_token["trl"],
+        "step_seconds": {k: round(v[0], 4) for k, v in times.items()},
+        "mean_completion_tokens": {k: round(v[1], 1) for k, v in times.items()},
+    }
+
+
+def demo_peak_rss_mib() -> float:
+    root = HERE.parent
+    subprocess.run(
+        [sys.executable, str(root / "train.py"), "--config", str(root / "recipes/demo-cpu-frozenlake.yaml"), "--output_dir",
+         tempfile.mkdtemp(), "--report_path", tempfile.mktemp(suffix=".json"), "--max_steps", "4", "--warm_start_episodes", "64",
+         "--num_eval_episodes", "256", "--disable_tqdm", "true"],
+        check=True, capture_output=True,
+    )
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def main() -> None:
+    from report import store
+
+    torch.set_num_threads(2)
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok)
+    model.eval()
+    rows = rollout_rows(model, tok)
+    rows.update(step_time_rows())
+    rows["demo_peak_rss_mib"] = demo_peak_rss_mib()
+    rows["model"] = f"tiny Qwen2 architecture, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
+    print(json.dumps(rows, indent=2))
+    store("speed", rows)
+
+
+if __name__ == "__main__":
+    main()
