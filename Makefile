@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test bench clean
+.PHONY: install train test bench bench-learning clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/env_speed.py
 	$(PY) benchmarks/speed.py
 	$(PY) benchmarks/critic_memory.py
+
+bench-learning: $(STAMP)
+	$(PY) benchmarks/learning.py
 
 clean:
 	rm -rf $(VENV) runs

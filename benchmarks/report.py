@@ -52,6 +52,23 @@ def write(results: dict) -> None:
                   "Prefill tokens per episode at each turn (the HF backend re-reads the whole history every turn; "
                   "no KV-cache reuse across turns yet, so there is no reuse gain to report): "
                   + ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn"])) + ".", ""]
+    if "learning" in results:
+        r = results["learning"]
+        lines += [f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {r['machine']}, {r['measured_at']})", "",
+                  "The paper's finding 4 at small scale: tiny offline model, one warm start per env, then StarPO with keep ratio "
+                  f"{', '.join(map(str, r['ratios']))} and seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.", "",
+                  "| env | keep ratio | final success (mean) | per seed | collapse step | wall s (mean) |", "|---|---|---|---|---|---|"]
+        for env_id, e in r["per_env"].items():
+            for ratio in r["ratios"]:
+                runs = [x for x in e["runs"] if x["ratio"] == ratio]
+                lines.append(f"| `{env_id}` | {ratio} | {e['mean_final_success'][str(ratio)] if str(ratio) in e['mean_final_success'] else e['mean_final_success'][ratio]:.3f} | "
+                             + ", ".join(f"{x['final_success']:.3f}" for x in runs) + " | "
+                             + ", ".join(str(x["collapse_step"]) if x["collapse_step"] else "none" for x in runs) + " | "
+                             + f"{sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |")
+        for env_id, e in r["per_env"].items():
+            lines.append(f"\n`{env_id}` ({e['png']}): the paper's ordering (0.25 >= 0.5 >= 1.0 in final success) "
+                         + ("**held**." if e["paper_ordering_held"] else "**did not hold**."))
+        lines.append("")
     if "critic_memory" in results:
         r = results["critic_memory"]
         lines += [f"## Critic memory (`python benchmarks/critic_memory.py`, {r['machine']}, {r['measured_at']})", "",
