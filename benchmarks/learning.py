@@ -100,7 +100,7 @@ def main() -> None:
         ax.set_xlabel("step")
         ax.legend()
         fig.tight_layout()
-        png = OUT / f"learning-{name}.png"
+        png = HERE / f"learning-{name}.png"  # committed beside the results
         fig.savefig(png, dpi=100)
         plt.close(fig)
         mean = {r: sum(x["final_success"] for x in runs if x["ratio"] == r) / len(SEEDS) for r in RATIOS}

@@ -16,9 +16,14 @@ def load() -> dict:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
 
+# headline ratios also stand at the top level of results.json, where tools look for them
+HEADLINE = ("rollout_overhead_ratio", "batched_vs_sequential_speedup", "step_time_ratio_vs_trl_grpo", "lora_vs_full_ratio")
+
+
 def store(key: str, value) -> dict:
     results = load()
     results[key] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), **value}
+    results.update({k: value[k] for k in HEADLINE if k in value})
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     write(results)
     return results
@@ -66,8 +71,11 @@ def write(results: dict) -> None:
                              + ", ".join(str(x["collapse_step"]) if x["collapse_step"] else "none" for x in runs) + " | "
                              + f"{sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |")
         for env_id, e in r["per_env"].items():
+            collapsed = [x for x in e["runs"] if x["collapse_step"]]
             lines.append(f"\n`{env_id}` ({e['png']}): the paper's ordering (0.25 >= 0.5 >= 1.0 in final success) "
-                         + ("**held**." if e["paper_ordering_held"] else "**did not hold**."))
+                         + ("**held**." if e["paper_ordering_held"] else "**did not hold**.")
+                         + (f" {len(collapsed)} of {len(e['runs'])} runs collapsed." if collapsed else
+                            " No run collapsed within its steps, so steps-to-collapse does not separate the ratios here."))
         lines.append("")
     if "critic_memory" in results:
         r = results["critic_memory"]
