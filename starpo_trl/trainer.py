@@ -35,7 +35,9 @@ from starpo_trl.advantages import (
 )
 from starpo_trl.config import CRITIC_ESTIMATORS, StarPOConfig
 from starpo_trl.critic import Critic, explained_variance
+from starpo_trl.diagnostics import reasoning_metrics
 from starpo_trl.evaluation import episode_metrics
+from starpo_trl.prompting import parse_reply
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
 
 
@@ -273,6 +275,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         name = self.args.env_id.split("/")[-1]
         for key, value in metrics.items():
             self._metrics[mode][f"env/{name}/{key}"].append(value)
+        if self.args.enable_think:  # echo-trap indicators on the decoded reasoning
+            thinks = [parse_reply(m["content"]).think for ep in episodes for m in ep.messages if m["role"] == "assistant"]
+            for key, value in reasoning_metrics(thinks, getattr(self, "_previous_thinks", None)).items():
+                self._metrics[mode][f"reasoning/{key}"].append(value)
+            self._previous_thinks = [t for t in thinks if t]
         errors = torch.tensor(float(sum(ep.env_error is not None for ep in episodes)), device=self.accelerator.device)
         self._metrics[mode]["env/errors"].append(self.accelerator.gather(errors).sum().item())
         all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))

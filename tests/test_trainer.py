@@ -52,7 +52,8 @@ def test_train_steps_run_and_log_episode_metrics(tmp_path, tiny_tokenizer, fresh
     logged = {k for row in trainer.state.log_history for k in row}
     for key in ("env/Bandit-v0/success", "env/Bandit-v0/pass@4", "env/Bandit-v0/valid_action_rate",
                 "env/Bandit-v0/group_reward_std_mean", "env/Bandit-v0/frac_zero_std_groups",
-                "rollout/kept_fraction", "entropy", "grad_norm", "clip_ratio/high_mean"):
+                "rollout/kept_fraction", "entropy", "grad_norm", "clip_ratio/high_mean", "env/errors",
+                "reasoning/reasoning_rate", "reasoning/distinct_2", "reasoning/template_share", "reasoning/similarity_to_previous_step"):
         assert key in logged, key
     metrics = trainer.evaluate()
     assert 0.0 <= metrics["eval_success"] <= 1.0
