@@ -17,12 +17,12 @@ import sys
 import torch
 
 from starpo_trl.evaluation import episode_metrics
+from starpo_trl.models import eos_token_ids
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState
 
 
 def evaluate(model, tokenizer, env_id: str, env_kwargs: dict, num_episodes: int, seed_offset: int, temperature: float, config: RolloutConfig, batch_size: int = 256) -> dict:
-    eos = model.generation_config.eos_token_id
-    eos_ids = [tokenizer.eos_token_id] + ([e for e in eos if e != tokenizer.eos_token_id] if isinstance(eos, list) else ([eos] if eos not in (None, tokenizer.eos_token_id) else []))
+    eos_ids = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = RolloutEngine(tokenizer, HFBackend(model, pad, eos_ids), config, eos_ids)
     kwargs = tuple(sorted(env_kwargs.items()))

@@ -45,16 +45,20 @@ def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = 
     return model, tokenizer
 
 
+def eos_token_ids(tokenizer, generation_eos=None) -> list[int]:
+    """Every id that ends a turn: the tokenizer's eos first, then the generation config's (int or list)."""
+    extra = generation_eos if isinstance(generation_eos, list) else [generation_eos]
+    return [tokenizer.eos_token_id] + [e for e in extra if e is not None and e != tokenizer.eos_token_id]
+
+
 def check_chat_template(tokenizer, name: str, model_args) -> None:
     """Refuse a chat template the episode engine cannot extend token-exactly (see ``ChatFormat``)."""
     from transformers import GenerationConfig
 
     from starpo_trl.rollout import ChatFormat
 
-    eos = [tokenizer.eos_token_id]
     try:
-        extra = GenerationConfig.from_pretrained(name, revision=model_args.model_revision).eos_token_id
-        eos += [e for e in (extra if isinstance(extra, list) else [extra]) if e is not None and e not in eos]
+        generation_eos = GenerationConfig.from_pretrained(name, revision=model_args.model_revision).eos_token_id
     except OSError:  # no generation_config.json: the tokenizer's eos is all there is
-        pass
-    ChatFormat(tokenizer, eos)
+        generation_eos = None
+    ChatFormat(tokenizer, eos_token_ids(tokenizer, generation_eos))
