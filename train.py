@@ -5,8 +5,9 @@
 
 Steps: load the model (Hub id, local dir, or ``tiny``), optionally warm-start it by SFT on a
 noisy expert's episodes, evaluate on held-out seeds, train with ``MultiTurnStarPOTrainer``,
-evaluate again, save (and push if ``push_to_hub``). Writes ``report.json`` and ``curves.png``
-to ``output_dir``; with ``report_path`` also appends the result to that JSON file.
+evaluate again, save (and push if ``push_to_hub``). Writes ``report.json``, ``curves.png`` and
+``dashboard.png`` (collapse signals, guard events marked) to ``output_dir``; with
+``report_path`` also appends the result to that JSON file.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer
-from starpo_trl.plotting import plot_curves
+from starpo_trl.plotting import plot_curves, plot_dashboard
 from starpo_trl.trainer import rollout_config
 
 
@@ -74,12 +75,15 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         "episodes": args.num_eval_episodes,
         "before": before,
         "after": after,
+        "guard_events": trainer.guard.events if trainer.guard is not None else [],
     }
     wall = time.time() - start
     if trainer.accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "report.json"), "w") as f:
             json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)
-        plot_curves(trainer.state.log_history, args.env_id.split("/")[-1], os.path.join(args.output_dir, "curves.png"), title=args.env_id)
+        env_name = args.env_id.split("/")[-1]
+        plot_curves(trainer.state.log_history, env_name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
+        plot_dashboard(trainer.state.log_history, os.path.join(args.output_dir, "dashboard.png"), env_name, result["guard_events"], title=args.env_id)
         if run_args.report_path:
             append_report(run_args.report_path, result, wall)
         print(f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)")

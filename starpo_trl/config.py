@@ -79,6 +79,33 @@ class StarPOConfig(GRPOConfig):
         loss_aggregation (`str` or `None`): `token-mean` (TRL `dapo`), `seq-mean-token-mean`
             (TRL `grpo`: every trajectory weighs the same) or `seq-mean-token-sum` (TRL `luspo`);
             sets `loss_type`. `None` keeps `loss_type` as given.
+
+        > Collapse guard (see `starpo_trl.guard`)
+
+        collapse_guard (`str`, `"warn"`): `off`, `warn` (log the event), `stop` (also save the last
+            healthy weights to `output_dir/last-healthy` and stop) or `rollback` (also load them back
+            into the model, then stop).
+        collapse_guard_warmup_steps (`int`, 10): logs that define each signal's early level.
+        collapse_guard_smoothing (`float`, 0.3): EMA weight of the newest value.
+        collapse_guard_reward_std_fraction (`float`, 0.25) / collapse_guard_entropy_fraction (`float`,
+            0.25): warn when the smoothed in-group reward std / entropy falls below this fraction of
+            its early level.
+        collapse_guard_grad_norm_spike (`float`, 10.0): warn when a grad norm exceeds this many times
+            its running mean.
+        collapse_guard_diversity_floor (`float`, 0.05): warn when smoothed distinct-2 of the think
+            texts falls below it.
+        collapse_guard_patience (`int`, 2): logs in a row a rule must hold.
+        collapse_guard_snapshot_steps (`int`, 5): with `stop`/`rollback`, keep a CPU copy of the
+            trained weights every this many healthy steps (the "last healthy" state).
+
+        > Reasoning-aware reward shaping (off by default)
+
+        think_bonus (`float`, 0.0): added to a turn whose think text has between `think_min_words`
+            (1) and `think_max_words` (100) words.
+        think_copy_penalty (`float`, 0.0): subtracted from a turn whose think text repeats the
+            previous turn's verbatim (whitespace-normalised).
+        A per-turn `reasoning_reward_fn(think, answer, previous_think, turn) -> float` can be passed
+        to `MultiTurnStarPOTrainer`.
     """
 
     env_id: str | None = field(default=None, metadata={"help": "Gymnasium id of the training env, e.g. starpo/Sokoban-v0."})
@@ -119,6 +146,21 @@ class StarPOConfig(GRPOConfig):
     value_clip: float | None = field(default=0.5, metadata={"help": "Value clipping range (None: no clipping)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "First steps train only the critic."})
     loss_aggregation: str | None = field(default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."})
+
+    collapse_guard: str = field(default="warn", metadata={"help": "off, warn, stop or rollback."})
+    collapse_guard_warmup_steps: int = field(default=10, metadata={"help": "Logs that define each signal's early level."})
+    collapse_guard_smoothing: float = field(default=0.3, metadata={"help": "EMA weight of the newest value."})
+    collapse_guard_reward_std_fraction: float = field(default=0.25, metadata={"help": "Warn below this fraction of the early in-group reward std."})
+    collapse_guard_entropy_fraction: float = field(default=0.25, metadata={"help": "Warn below this fraction of the early entropy."})
+    collapse_guard_grad_norm_spike: float = field(default=10.0, metadata={"help": "Warn when grad norm exceeds this many times its running mean."})
+    collapse_guard_diversity_floor: float = field(default=0.05, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below."})
+    collapse_guard_patience: int = field(default=2, metadata={"help": "Logs in a row a rule must hold to warn."})
+    collapse_guard_snapshot_steps: int = field(default=5, metadata={"help": "Healthy steps between CPU snapshots (stop/rollback)."})
+
+    think_bonus: float = field(default=0.0, metadata={"help": "Reward for a think text within the word bounds (0: off)."})
+    think_min_words: int = field(default=1, metadata={"help": "Fewest words of a think text that earns think_bonus."})
+    think_max_words: int = field(default=100, metadata={"help": "Most words of a think text that earns think_bonus."})
+    think_copy_penalty: float = field(default=0.0, metadata={"help": "Penalty for repeating the previous turn's think verbatim (0: off)."})
 
     # StarPO-S defaults for fields GRPOConfig already has
     num_generations: int | None = field(default=16, metadata={"help": "Trajectories per start state (group size)."})
@@ -176,6 +218,19 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(f"reward_norm_scope must be group or batch, got {self.reward_norm_scope!r}")
         if self.use_turn_rewards and self.reward_normalization == "asym_clip":
             raise ValueError("reward_normalization='asym_clip' cannot be split over turns: use mean_std with use_turn_rewards, or turn rewards off.")
+        from starpo_trl.guard import GUARD_ACTIONS
+
+        if self.collapse_guard not in GUARD_ACTIONS:
+            raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {self.collapse_guard!r}")
+        for name in ("collapse_guard_warmup_steps", "collapse_guard_patience", "collapse_guard_snapshot_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 < self.collapse_guard_smoothing <= 1.0:
+            raise ValueError(f"collapse_guard_smoothing must be in (0, 1], got {self.collapse_guard_smoothing}")
+        if self.think_bonus < 0 or self.think_copy_penalty < 0:
+            raise ValueError("think_bonus and think_copy_penalty are magnitudes: give them >= 0 (the penalty is subtracted).")
+        if not 0 <= self.think_min_words <= self.think_max_words:
+            raise ValueError(f"need 0 <= think_min_words <= think_max_words, got {self.think_min_words} and {self.think_max_words}")
         if self.critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be full or lora, got {self.critic_type!r}")
         if self.loss_aggregation is not None:

@@ -7,10 +7,18 @@ hand-made text and cost microseconds per step:
 - ``template_share``: share of texts equal to the batch's most common text once numbers are
   masked (the "echo trap": everyone writes the same template).
 - ``ngram_jaccard``: overlap between this step's and the previous step's n-gram sets.
+
+The dashboard of a finished (or running) run, with the collapse guard's events marked:
+
+    python -m starpo_trl.diagnostics plot RUN_DIR [--out dashboard.png]
 """
 
 from __future__ import annotations
 
+import argparse
+import glob
+import json
+import os
 import re
 from collections import Counter
 
@@ -52,3 +60,52 @@ def reasoning_metrics(thinks: list[str | None], previous: list[str] | None = Non
     if previous is not None:
         metrics["similarity_to_previous_step"] = ngram_jaccard(present, previous)
     return metrics
+
+
+def load_run(run_dir: str) -> tuple[list[dict], list[dict] | None, str | None]:
+    """``(log_history, guard events or None, env name or None)`` of a run directory.
+
+    The log history comes from ``report.json`` (written by train.py), else ``trainer_state.json``,
+    else the newest ``checkpoint-*/trainer_state.json``.
+    """
+    env_name = None
+    report = os.path.join(run_dir, "report.json")
+    states = [os.path.join(run_dir, "trainer_state.json")] + sorted(
+        glob.glob(os.path.join(run_dir, "checkpoint-*", "trainer_state.json")), key=lambda p: int(p.split("-")[-1].split(os.sep)[0]), reverse=True
+    )
+    if os.path.exists(report):
+        with open(report) as f:
+            data = json.load(f)
+        history = data.get("log_history", [])
+        env_name = (data.get("env_id") or "").split("/")[-1] or None
+    else:
+        found = next((p for p in states if os.path.exists(p)), None)
+        if found is None:
+            raise FileNotFoundError(f"No report.json or trainer_state.json under {run_dir!r}: is it a train.py output_dir?")
+        with open(found) as f:
+            history = json.load(f)["log_history"]
+    events = None
+    events_path = os.path.join(run_dir, "guard_events.json")
+    if os.path.exists(events_path):
+        with open(events_path) as f:
+            events = json.load(f)
+    return history, events, env_name
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m starpo_trl.diagnostics", description="Training dashboards.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plot = sub.add_parser("plot", help="Draw success, reward std, entropy, grad norm and diversity with guard events.")
+    plot.add_argument("run_dir")
+    plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/dashboard.png)")
+    args = parser.parse_args(argv)
+    from starpo_trl.plotting import plot_dashboard
+
+    history, events, env_name = load_run(args.run_dir)
+    out = plot_dashboard(history, args.out or os.path.join(args.run_dir, "dashboard.png"), env_name, events, title=os.path.basename(os.path.normpath(args.run_dir)))
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""Training curves from a Trainer's ``log_history``: success, in-group reward std, entropy."""
+"""Figures from a Trainer's ``log_history``: the training curves and the collapse dashboard."""
 
 from __future__ import annotations
 
@@ -26,6 +26,51 @@ def plot_curves(log_history: list[dict], env_name: str, path: str, title: str = 
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    fig.suptitle(title or env_name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+DASHBOARD_PANELS = (
+    ("success", ["env/{env}/success"], "train success"),
+    ("reward_std", ["env/{env}/group_reward_std_mean"], "in-group reward std (mean)"),
+    ("entropy", ["entropy"], "policy entropy"),
+    ("grad_norm", ["grad_norm"], "grad norm"),
+    ("diversity", ["reasoning/distinct_2", "reasoning/template_share"], "reasoning diversity"),
+)
+
+
+def env_name_from_history(log_history: list[dict]) -> str | None:
+    for row in log_history:
+        for key in row:
+            if key.startswith("env/") and key.endswith("/success"):
+                return key.split("/")[1]
+    return None
+
+
+def plot_dashboard(log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = "") -> str:
+    """One PNG: success, in-group reward std, entropy, grad norm and diversity, guard events as red lines."""
+    env_name = env_name or env_name_from_history(log_history) or "env"
+    if events is None:
+        events = [{"step": row["step"], "rules": str(row.get("guard/rules", "")).split(",")} for row in log_history if row.get("guard/warning")]
+    fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(3.6 * len(DASHBOARD_PANELS), 3.2))
+    for ax, (_, keys, label) in zip(axes, DASHBOARD_PANELS):
+        for key in keys:
+            steps, values = series(log_history, key.format(env=env_name))
+            if steps:
+                ax.plot(steps, values, marker=".", label=key.split("/")[-1])
+        for event in events:
+            ax.axvline(event["step"], color="red", linestyle="--", alpha=0.7)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+        ax.set_title(label)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if events:
+        first = events[0]
+        axes[0].annotate(f"guard: {', '.join(first['rules'])}", xy=(first["step"], 0.95), xycoords=("data", "axes fraction"), color="red", fontsize=7)
     fig.suptitle(title or env_name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

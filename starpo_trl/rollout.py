@@ -28,6 +28,7 @@ import torch
 import envs  # noqa: F401  (registers the starpo/* env ids)
 
 from starpo_trl.prompting import SYSTEM_PROMPT, first_user_message, parse_reply, turn_message
+from starpo_trl.shaping import ThinkShaping, turn_shaping_reward
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class Episode:
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # sampling logprobs; 0.0 on env tokens
-    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
+    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty + shaping, per turn
+    shaping_reward: float = 0.0  # the reasoning shaping included in turn_rewards
     turn_end_positions: list[int] = field(default_factory=list)  # index of each turn's last model token
     success: bool = False
     done: bool = False  # the env terminated or truncated
@@ -212,6 +214,7 @@ class RolloutConfig:
     format_penalty: float = -0.1
     temperature: float = 1.0
     env_step_timeout: float | None = None  # seconds per reset/step; None: no limit, no threads
+    think_shaping: ThinkShaping = field(default_factory=ThinkShaping)  # reasoning reward shaping (off)
 
 
 def call_with_timeout(fn, timeout: float | None, *args):
@@ -237,8 +240,12 @@ def call_with_timeout(fn, timeout: float | None, *args):
 
 
 class RolloutEngine:
-    def __init__(self, tokenizer, backend: GenerationBackend, config: RolloutConfig, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT):
+    def __init__(
+        self, tokenizer, backend: GenerationBackend, config: RolloutConfig, eos_token_ids: list[int],
+        system_prompt: str | None = SYSTEM_PROMPT, reasoning_reward_fn=None,
+    ):
         self.tokenizer = tokenizer
+        self.reasoning_reward_fn = reasoning_reward_fn
         self.backend = backend
         self.config = config
         self.eos_token_ids = list(eos_token_ids)
@@ -249,7 +256,7 @@ class RolloutEngine:
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
         episodes, env_list, actions_left = [], [], []
-        self._last_obs = []
+        self._last_obs, self._last_think = [], [None] * len(starts)
         for start in starts:
             env, obs = None, ""
             try:
@@ -353,4 +360,11 @@ class RolloutEngine:
         if format_error:
             ep.num_format_errors += 1
             reward += cfg.format_penalty
+        if cfg.enable_think and (cfg.think_shaping.enabled or self.reasoning_reward_fn is not None):
+            shaping = turn_shaping_reward(
+                parsed.think, parsed.answer, self._last_think[i], ep.num_turns + 1, cfg.think_shaping, self.reasoning_reward_fn
+            )
+            ep.shaping_reward += shaping
+            reward += shaping
+        self._last_think[i] = parsed.think
         return reward

@@ -38,7 +38,9 @@ from starpo_trl.critic import Critic, explained_variance
 from starpo_trl.diagnostics import reasoning_metrics
 from starpo_trl.evaluation import episode_metrics
 from starpo_trl.prompting import parse_reply
+from starpo_trl.guard import CollapseGuard, rules_from_config
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
+from starpo_trl.shaping import ThinkShaping
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:
@@ -66,6 +68,7 @@ def rollout_config(args: StarPOConfig) -> RolloutConfig:
         format_penalty=args.format_penalty,
         temperature=args.temperature,
         env_step_timeout=args.env_step_timeout,
+        think_shaping=ThinkShaping(args.think_bonus, args.think_min_words, args.think_max_words, args.think_copy_penalty),
     )
 
 
@@ -97,9 +100,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         train_dataset: optional; by default one row per training seed.
         backend: optional generation backend (`starpo_trl.rollout.GenerationBackend`); default
             `HFBackend` on the policy itself.
+        reasoning_reward_fn: optional `(think, answer, previous_think, turn) -> float`, added to
+            each turn's reward (see `starpo_trl.shaping`).
     """
 
-    def __init__(self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None, backend=None):
+    def __init__(
+        self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None,
+        backend=None, reasoning_reward_fn=None,
+    ):
         if not isinstance(args, StarPOConfig) or args.env_id is None:
             raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
         super().__init__(
@@ -121,7 +129,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 self.accelerator.unwrap_model(self.model), args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay
             )
         # Built once: it checks the chat template (prefix preservation) before any training step.
-        self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids)
+        self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
+        self.guard = None
+        if args.collapse_guard != "off":
+            if args.collapse_guard in ("stop", "rollback") and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+                raise ValueError("collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2.")
+            self.guard = CollapseGuard(self, args.collapse_guard, rules_from_config(args), args.collapse_guard_snapshot_steps)
+            self.add_callback(self.guard)
 
     # -- rollouts ------------------------------------------------------------------------------------
     def play(self, starts: list[StartState], temperature: float) -> list[Episode]:
@@ -280,6 +294,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             for key, value in reasoning_metrics(thinks, getattr(self, "_previous_thinks", None)).items():
                 self._metrics[mode][f"reasoning/{key}"].append(value)
             self._previous_thinks = [t for t in thinks if t]
+            if self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None:
+                self._metrics[mode]["reasoning/shaping_reward"].append(sum(ep.shaping_reward for ep in episodes) / len(episodes))
         errors = torch.tensor(float(sum(ep.env_error is not None for ep in episodes)), device=self.accelerator.device)
         self._metrics[mode]["env/errors"].append(self.accelerator.gather(errors).sum().item())
         all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))

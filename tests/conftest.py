@@ -22,6 +22,14 @@ def tiny_model(tiny_tokenizer):
     return build_tiny_model(tiny_tokenizer, seed=0)
 
 
+@pytest.fixture
+def fresh_model(tiny_tokenizer):
+    """A new tiny model per test (training changes its weights)."""
+    from starpo_trl.tiny import build_tiny_model
+
+    return build_tiny_model(tiny_tokenizer, seed=1)
+
+
 class ScriptedBackend:
     """Replies with fixed texts (one list per call, or one text for every call); logprobs are -1.0."""
 

@@ -26,13 +26,6 @@ def make_args(tmp_path, **kw):
     return StarPOConfig(**base)
 
 
-@pytest.fixture
-def fresh_model(tiny_tokenizer):
-    from starpo_trl.tiny import build_tiny_model
-
-    return build_tiny_model(tiny_tokenizer, seed=1)
-
-
 def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="Known starpo envs"):
         make_args(tmp_path, env_id="starpo/Nope-v0")

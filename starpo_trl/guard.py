@@ -1,0 +1,226 @@
+"""``CollapseGuard``: watch the echo-trap signals during training and act before collapse.
+
+The paper's finding: multi-turn RL collapses (the "echo trap"), and the collapse is announced by
+the in-group reward std and the policy entropy falling, gradient-norm spikes, and reasoning that
+all looks the same. ``CollapseMonitor`` is the pure rule engine (no trainer, tested on synthetic
+streams); ``CollapseGuard`` is the Trainer callback that feeds it every log and acts:
+
+- ``warn``: record the event (``guard/warning`` in the log history, ``guard_events.json``).
+- ``stop``: also save the last healthy weights to ``OUTPUT_DIR/last-healthy`` and stop training.
+- ``rollback``: also load the last healthy weights back into the model, save them there, stop.
+
+Rules (each on a smoothed series; "early level" = mean of the first ``warmup_steps`` values):
+
+- ``reward_std``: in-group reward std below ``reward_std_fraction`` x its early level;
+- ``entropy``: policy entropy below ``entropy_fraction`` x its early level;
+- ``grad_norm``: a raw grad norm above ``grad_norm_spike`` x its running (smoothed) mean;
+- ``diversity``: distinct-2 of the think texts below ``diversity_floor`` (skipped on steps
+  without any think text).
+
+A rule must hold ``patience`` logs in a row to warn. The guard warns once per rule and run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainerCallback
+
+GUARD_ACTIONS = ("off", "warn", "stop", "rollback")
+
+
+@dataclass
+class GuardRules:
+    warmup_steps: int = 10
+    smoothing: float = 0.3  # EMA weight of the newest value
+    reward_std_fraction: float = 0.25
+    entropy_fraction: float = 0.25
+    grad_norm_spike: float = 10.0
+    diversity_floor: float = 0.05
+    patience: int = 2
+
+
+@dataclass
+class _Series:
+    early: list[float] = field(default_factory=list)
+    ema: float | None = None
+    below: int = 0  # consecutive logs the rule held
+
+
+class CollapseMonitor:
+    """Pure rule engine. ``update(step, values)`` returns the rules that fire at this log.
+
+    ``values`` maps a signal (``reward_std``, ``entropy``, ``grad_norm``, ``diversity``) to its raw
+    value at this log; missing or non-finite signals are skipped.
+    """
+
+    SIGNALS = ("reward_std", "entropy", "grad_norm", "diversity")
+
+    def __init__(self, rules: GuardRules | None = None):
+        self.rules = rules or GuardRules()
+        self.series = {name: _Series() for name in self.SIGNALS}
+        self.fired: set[str] = set()
+
+    def early_level(self, name: str) -> float | None:
+        early = self.series[name].early
+        return sum(early) / len(early) if len(early) >= self.rules.warmup_steps else None
+
+    def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
+        r, s = self.rules, self.series[name]
+        if name == "grad_norm":  # a spike against the running mean of the values before it
+            return previous_ema is not None and len(s.early) >= r.warmup_steps and value > r.grad_norm_spike * previous_ema
+        if name == "diversity":
+            return len(s.early) >= r.warmup_steps and s.ema < r.diversity_floor
+        early = self.early_level(name)
+        fraction = r.reward_std_fraction if name == "reward_std" else r.entropy_fraction
+        return early is not None and early > 0 and s.ema < fraction * early
+
+    def update(self, step: int, values: dict[str, float]) -> list[str]:
+        fired = []
+        for name in self.SIGNALS:
+            value = values.get(name)
+            if value is None or not math.isfinite(value):
+                continue
+            s = self.series[name]
+            previous = s.ema
+            s.ema = value if s.ema is None else self.rules.smoothing * value + (1 - self.rules.smoothing) * s.ema
+            if len(s.early) < self.rules.warmup_steps:
+                s.early.append(value)
+                continue
+            s.below = s.below + 1 if self._holds(name, value, previous) else 0
+            if name == "grad_norm" and s.below and previous is not None:
+                s.ema = previous  # a spike does not raise the running mean it is judged against
+            if s.below >= self.rules.patience and name not in self.fired:
+                self.fired.add(name)
+                fired.append(name)
+        return fired
+
+    def healthy(self) -> bool:
+        """No rule is currently holding (not even below patience)."""
+        return all(s.below == 0 for s in self.series.values())
+
+    def state(self) -> dict[str, dict]:
+        return {n: {"ema": s.ema, "early": self.early_level(n)} for n, s in self.series.items()}
+
+
+def signals_from_logs(logs: dict, env_name: str) -> dict[str, float]:
+    """The guard's signals from one Trainer log row."""
+    keys = {
+        "reward_std": f"env/{env_name}/group_reward_std_mean",
+        "entropy": "entropy",
+        "grad_norm": "grad_norm",
+        "diversity": "reasoning/distinct_2",
+    }
+    values = {name: float(logs[key]) for name, key in keys.items() if key in logs and logs[key] is not None}
+    if not logs.get("reasoning/reasoning_rate"):  # no think text this step: diversity is undefined, not low
+        values.pop("diversity", None)
+    return values
+
+
+class CollapseGuard(TrainerCallback):
+    """Trainer callback around ``CollapseMonitor``; the trainer adds it when ``collapse_guard != 'off'``.
+
+    It snapshots the trainable weights (and the critic's) on the CPU every ``snapshot_steps`` healthy
+    logs; that snapshot is the "last healthy" state that ``stop`` saves and ``rollback`` restores.
+    """
+
+    def __init__(self, trainer, action: str, rules: GuardRules, snapshot_steps: int = 5):
+        if action not in GUARD_ACTIONS:
+            raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {action!r}")
+        self.trainer = trainer
+        self.action = action
+        self.monitor = CollapseMonitor(rules)
+        self.snapshot_steps = snapshot_steps
+        self.snapshot: dict | None = None
+        self.snapshot_step: int | None = None
+        self.events: list[dict] = []
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The trained parameters: the policy's trainable ones and the critic's (head and body or adapter)."""
+        policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        params = [(f"policy.{n}", p) for n, p in policy.named_parameters() if p.requires_grad]
+        critic = getattr(self.trainer, "critic", None)
+        if critic is not None:
+            params += [(f"critic.{i}", p) for i, p in enumerate(critic.trainable_parameters())]
+        return params
+
+    def _copy(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().to("cpu", copy=True) for n, p in self._parameters()}
+
+    def take_snapshot(self, step: int) -> None:
+        self.snapshot = self._copy()
+        self.snapshot_step = step
+
+    @torch.no_grad()
+    def restore_snapshot(self, weights: dict[str, torch.Tensor] | None = None) -> None:
+        weights = self.snapshot if weights is None else weights
+        for name, p in self._parameters():
+            p.copy_(weights[name].to(p.device))
+
+    def _save_last_healthy(self) -> str:
+        path = os.path.join(self.trainer.args.output_dir, "last-healthy")
+        current = self._copy() if self.action == "stop" else None
+        self.restore_snapshot()
+        self.trainer.save_model(path)
+        if current is not None:  # stop: save the snapshot, then put the current weights back
+            self.restore_snapshot(current)
+        return path
+
+    # -- callback hooks --------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.action in ("stop", "rollback") and self.snapshot is None:
+            self.take_snapshot(state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs and "grad_norm" not in logs:
+            return control  # an evaluation or end-of-training log
+        env_name = self.trainer.args.env_id.split("/")[-1]
+        values = signals_from_logs(logs, env_name)
+        fired = self.monitor.update(state.global_step, values)
+        if fired:
+            event = {
+                "step": state.global_step,
+                "rules": fired,
+                "values": values,
+                "levels": self.monitor.state(),
+                "action": self.action,
+                "last_healthy_step": self.snapshot_step,
+            }
+            if self.action in ("stop", "rollback") and self.snapshot is not None:
+                event["saved_to"] = self._save_last_healthy()
+                control.should_training_stop = True
+            self.events.append(event)
+            if state.log_history:
+                state.log_history[-1]["guard/warning"] = 1.0
+                state.log_history[-1]["guard/rules"] = ",".join(fired)
+            self._write_events(args)
+            rolled = " rolled back to step %s and" % self.snapshot_step if self.action == "rollback" else ""
+            stopped = " stopped" if control.should_training_stop else " training goes on"
+            print(f"[CollapseGuard] step {state.global_step}: {', '.join(fired)} fell/spiked past the threshold;{rolled}{stopped}.")
+        elif self.action in ("stop", "rollback") and self.monitor.healthy() and state.global_step % self.snapshot_steps == 0:
+            self.take_snapshot(state.global_step)
+        return control
+
+    def _write_events(self, args) -> None:
+        if args.should_save:
+            os.makedirs(args.output_dir, exist_ok=True)
+            with open(os.path.join(args.output_dir, "guard_events.json"), "w") as f:
+                json.dump(self.events, f, indent=2, default=float)
+
+
+def rules_from_config(args) -> GuardRules:
+    """``GuardRules`` from a ``StarPOConfig``'s ``collapse_guard_*`` fields."""
+    return GuardRules(
+        warmup_steps=args.collapse_guard_warmup_steps,
+        smoothing=args.collapse_guard_smoothing,
+        reward_std_fraction=args.collapse_guard_reward_std_fraction,
+        entropy_fraction=args.collapse_guard_entropy_fraction,
+        grad_norm_spike=args.collapse_guard_grad_norm_spike,
+        diversity_floor=args.collapse_guard_diversity_floor,
+        patience=args.collapse_guard_patience,
+    )

@@ -1,0 +1,53 @@
+"""The dashboard CLI draws from a run directory, with guard events."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from starpo_trl.diagnostics import load_run, main
+
+
+def history(n=6):
+    rows = []
+    for step in range(1, n + 1):
+        rows.append({
+            "step": step, "loss": 0.1, "grad_norm": 1.0 + step, "entropy": 2.0 - 0.2 * step,
+            "env/FrozenLake-v0/success": 0.1 * step, "env/FrozenLake-v0/group_reward_std_mean": 0.5,
+            "reasoning/distinct_2": 0.5, "reasoning/template_share": 0.3,
+        })
+    if n >= 5:
+        rows[4]["guard/warning"], rows[4]["guard/rules"] = 1.0, "entropy"
+    return rows
+
+
+def test_plot_from_report_json(tmp_path):
+    with open(tmp_path / "report.json", "w") as f:
+        json.dump({"env_id": "starpo/FrozenLake-v0", "log_history": history()}, f)
+    with open(tmp_path / "guard_events.json", "w") as f:
+        json.dump([{"step": 5, "rules": ["entropy"]}], f)
+    out = main(["plot", str(tmp_path)])
+    assert out == os.path.join(str(tmp_path), "dashboard.png")
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    hist, events, env = load_run(str(tmp_path))
+    assert env == "FrozenLake-v0" and events[0]["step"] == 5 and len(hist) == 6
+
+
+def test_plot_from_newest_checkpoint_via_module_cli(tmp_path):
+    for step in (2, 10):
+        os.makedirs(tmp_path / f"checkpoint-{step}")
+        with open(tmp_path / f"checkpoint-{step}" / "trainer_state.json", "w") as f:
+            json.dump({"log_history": history(step)}, f)
+    hist, events, env = load_run(str(tmp_path))
+    assert len(hist) == 10 and events is None and env is None
+    out = tmp_path / "d.png"
+    subprocess.run([sys.executable, "-m", "starpo_trl.diagnostics", "plot", str(tmp_path), "--out", str(out)], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.stat().st_size > 1000
+
+
+def test_missing_run_dir_says_what_is_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="report.json"):
+        load_run(str(tmp_path))

@@ -1,0 +1,126 @@
+"""CollapseGuard: rules on synthetic streams (fire at the right log, not before), the rollback path."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from starpo_trl import MultiTurnStarPOTrainer
+from starpo_trl.guard import CollapseMonitor, GuardRules
+
+from test_trainer import make_args
+
+
+def first_firing(rules, stream, signal):
+    monitor = CollapseMonitor(rules)
+    for step, value in enumerate(stream, start=1):
+        if signal in monitor.update(step, {signal: value}):
+            return step
+    return None
+
+
+def test_reward_std_rule_fires_after_patience_not_before():
+    rules = GuardRules(warmup_steps=3, smoothing=1.0, reward_std_fraction=0.25, patience=2)
+    # early level 1.0; threshold 0.25; 0.2 at steps 5 and 6 -> fires at 6 (patience 2)
+    assert first_firing(rules, [1, 1, 1, 0.5, 0.2, 0.2, 0.1], "reward_std") == 6
+    # one dip that recovers never fires
+    assert first_firing(rules, [1, 1, 1, 0.2, 0.9, 0.2, 0.9, 0.2], "reward_std") is None
+
+
+def test_smoothing_delays_the_warning_by_hand_worked_emas():
+    rules = GuardRules(warmup_steps=3, smoothing=0.5, reward_std_fraction=0.25, patience=2)
+    # EMA: 1, 1, 1, then 0.75 (0.5), 0.475 (0.2), 0.3375 (0.2), 0.21875 (0.1), 0.159375 (0.1)
+    # below 0.25 first at step 7, second time at step 8 -> fires at 8
+    assert first_firing(rules, [1, 1, 1, 0.5, 0.2, 0.2, 0.1, 0.1], "reward_std") == 8
+
+
+def test_entropy_rule_and_noise_that_stays_healthy():
+    rules = GuardRules(warmup_steps=4, smoothing=1.0, entropy_fraction=0.5, patience=1)
+    assert first_firing(rules, [2.0, 2.2, 1.8, 2.0, 1.5, 1.2, 1.1, 0.9], "entropy") == 8  # early 2.0, below 1.0 at step 8
+    assert first_firing(rules, [2.0, 2.2, 1.8, 2.0, 1.5, 2.5, 1.1, 1.9], "entropy") is None
+
+
+def test_grad_norm_spike_against_running_mean():
+    rules = GuardRules(warmup_steps=3, smoothing=0.5, grad_norm_spike=10.0, patience=1)
+    # running mean stays 1.0; 9.0 is not a spike (< 10 x 1.0), 12.0 is
+    assert first_firing(rules, [1, 1, 1, 1, 9.0, 1.0], "grad_norm") is None
+    monitor = CollapseMonitor(GuardRules(warmup_steps=3, smoothing=0.5, grad_norm_spike=10.0, patience=2))
+    fired = [monitor.update(s, {"grad_norm": v}) for s, v in enumerate([1, 1, 1, 1, 12.0, 12.0], start=1)]
+    # the first spike does not raise the mean it is judged against, so the second one counts too
+    assert fired == [[], [], [], [], [], ["grad_norm"]]
+
+
+def test_diversity_floor_and_each_rule_warns_once():
+    rules = GuardRules(warmup_steps=2, smoothing=1.0, diversity_floor=0.1, patience=1)
+    monitor = CollapseMonitor(rules)
+    fired = [monitor.update(s, {"diversity": v}) for s, v in enumerate([0.8, 0.7, 0.5, 0.05, 0.04, 0.6, 0.01], start=1)]
+    assert fired == [[], [], [], ["diversity"], [], [], []]
+
+
+def test_missing_and_nan_signals_are_skipped():
+    monitor = CollapseMonitor(GuardRules(warmup_steps=2, smoothing=1.0, patience=1))
+    assert monitor.update(1, {"entropy": float("nan")}) == []
+    assert monitor.update(2, {}) == []
+    assert monitor.series["entropy"].early == []
+
+
+def _params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _logs(std):
+    return {"loss": 0.0, "grad_norm": 1.0, "entropy": 1.0, "env/Bandit-v0/group_reward_std_mean": std}
+
+
+@pytest.mark.parametrize("action", ["rollback", "stop"])
+def test_rollback_restores_the_last_healthy_weights_exactly(tmp_path, tiny_tokenizer, fresh_model, action):
+    args = make_args(
+        tmp_path, collapse_guard=action, collapse_guard_warmup_steps=2, collapse_guard_patience=1,
+        collapse_guard_smoothing=1.0, collapse_guard_snapshot_steps=2,
+    )
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
+    guard, state, control = trainer.guard, trainer.state, trainer.control
+    guard.on_train_begin(args, state, control)
+
+    def nudge(scale):
+        with torch.no_grad():
+            for p in trainer.model.parameters():
+                if p.requires_grad:
+                    p.add_(scale * torch.randn_like(p))
+
+    seen = {}
+    for step, std in enumerate([1.0, 1.0, 0.9, 0.8, 0.01], start=1):
+        nudge(0.01)
+        state.global_step = step
+        seen[step] = _params(trainer.model)
+        guard.on_log(args, state, control, logs=_logs(std))
+    # snapshots at healthy steps 2 and 4; the warning at step 5 (0.01 < 0.25 x 1.0)
+    assert guard.snapshot_step == 4 and control.should_training_stop
+    expected = seen[4] if action == "rollback" else seen[5]
+    for name, value in _params(trainer.model).items():
+        assert torch.equal(value, expected[name]), name
+    saved = load_file(os.path.join(tmp_path, "last-healthy", "model.safetensors"))
+    for name, value in seen[4].items():
+        assert torch.equal(saved[name], value), name
+    events = json.load(open(os.path.join(tmp_path, "guard_events.json")))
+    assert events[0]["step"] == 5 and events[0]["rules"] == ["reward_std"] and events[0]["last_healthy_step"] == 4
+
+
+def test_guard_warns_inside_a_real_training_run(tmp_path, tiny_tokenizer, fresh_model):
+    # spike factor 0: any grad norm after the first log counts as a spike, so it must fire at step 2
+    args = make_args(tmp_path, max_steps=3, collapse_guard="warn", collapse_guard_warmup_steps=1, collapse_guard_patience=1, collapse_guard_grad_norm_spike=0.0)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 3  # warn never stops
+    flagged = [row["step"] for row in trainer.state.log_history if row.get("guard/warning")]
+    assert flagged == [2]
+    assert json.load(open(os.path.join(tmp_path, "guard_events.json")))[0]["rules"] == ["grad_norm"]
+
+
+def test_guard_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="collapse_guard"):
+        make_args(tmp_path, collapse_guard="panic")
+    with pytest.raises(ValueError, match="collapse_guard_smoothing"):
+        make_args(tmp_path, collapse_guard_smoothing=0.0)
