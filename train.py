@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer
+from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.plotting import plot_curves, plot_dashboard
 from starpo_trl.trainer import rollout_config
 
@@ -35,6 +35,10 @@ class RunArguments:
     warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
     eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
     report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
+    rank_summary: bool = field(
+        default=False,
+        metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its weights) to check that ranks agree."},
+    )
 
 
 def append_report(path: str, result: dict, wall_seconds: float) -> None:
@@ -62,6 +66,7 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         model = warm_start(
             model, tokenizer, demos, os.path.join(args.output_dir, "warm_start"), epochs=run_args.warm_start_epochs,
             learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size, seed=args.seed,
+            use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
         )
     trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args))
     before = trainer.evaluate_success() if run_args.eval_before else None
@@ -78,6 +83,13 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         "guard_events": trainer.guard.events if trainer.guard is not None else [],
     }
     wall = time.time() - start
+    if run_args.rank_summary:
+        acc = trainer.accelerator
+        summary = {"process_index": acc.process_index, "num_processes": acc.num_processes, "kept_groups": trainer.kept_group_history,
+                   "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)), "global_step": trainer.state.global_step}
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, f"rank-{acc.process_index}.json"), "w") as f:
+            json.dump(summary, f)
     if trainer.accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "report.json"), "w") as f:
             json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)

@@ -92,8 +92,9 @@ class StarPOConfig(GRPOConfig):
             its early level.
         collapse_guard_grad_norm_spike (`float`, 10.0): warn when a grad norm exceeds this many times
             its running mean.
-        collapse_guard_diversity_floor (`float`, 0.05): warn when smoothed distinct-2 of the think
-            texts falls below it.
+        collapse_guard_diversity_fraction (`float`, 0.5) / collapse_guard_diversity_floor (`float`,
+            0.0: off): warn when smoothed distinct-2 of the think texts falls below this fraction of
+            its early level, or below this absolute floor.
         collapse_guard_patience (`int`, 2): logs in a row a rule must hold.
         collapse_guard_snapshot_steps (`int`, 5): with `stop`/`rollback`, keep a CPU copy of the
             trained weights every this many healthy steps (the "last healthy" state).
@@ -153,7 +154,8 @@ class StarPOConfig(GRPOConfig):
     collapse_guard_reward_std_fraction: float = field(default=0.25, metadata={"help": "Warn below this fraction of the early in-group reward std."})
     collapse_guard_entropy_fraction: float = field(default=0.25, metadata={"help": "Warn below this fraction of the early entropy."})
     collapse_guard_grad_norm_spike: float = field(default=10.0, metadata={"help": "Warn when grad norm exceeds this many times its running mean."})
-    collapse_guard_diversity_floor: float = field(default=0.05, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below."})
+    collapse_guard_diversity_fraction: float = field(default=0.5, metadata={"help": "Warn below this fraction of the early distinct-2 of think texts."})
+    collapse_guard_diversity_floor: float = field(default=0.0, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below (0: off)."})
     collapse_guard_patience: int = field(default=2, metadata={"help": "Logs in a row a rule must hold to warn."})
     collapse_guard_snapshot_steps: int = field(default=5, metadata={"help": "Healthy steps between CPU snapshots (stop/rollback)."})
 
@@ -251,18 +253,15 @@ class StarPOConfig(GRPOConfig):
                 f"generation_batch_size={self.generation_batch_size} makes {groups} groups of {self.num_generations}, "
                 f"but num_start_states={self.num_start_states}: set only num_start_states."
             )
-        rows_per_process = self.generation_batch_size // self.world_size
-        if rows_per_process % self.num_generations:
-            raise ValueError(
-                f"Each process generates {rows_per_process} trajectories, not a whole number of groups of "
-                f"{self.num_generations}: make num_start_states a multiple of the number of processes ({self.world_size})."
-            )
-        kept_groups = num_kept_groups(groups // self.world_size, self.rollout_filter_ratio if self.rollout_filter_metric != "none" else 1.0)
+        # The filter ranks the groups of the whole gathered batch; the kept trajectories are then dealt
+        # out evenly, so every process gets the same number of rows and splits them into equal micro-batches.
+        kept_groups = num_kept_groups(groups, self.rollout_filter_ratio if self.rollout_filter_metric != "none" else 1.0)
         kept = kept_groups * self.num_generations
-        if kept < self.steps_per_generation or kept % self.steps_per_generation:
+        share = kept // self.world_size
+        if kept % self.world_size or share < self.steps_per_generation or share % self.steps_per_generation:
             raise ValueError(
-                f"The variance filter keeps {kept} trajectories per process ({kept_groups} of {groups // self.world_size} "
-                f"groups x {self.num_generations}), which cannot be split into steps_per_generation="
+                f"The variance filter keeps {kept} trajectories ({kept_groups} of {groups} groups x {self.num_generations}), "
+                f"which cannot be dealt to {self.world_size} process(es) as equal shares of steps_per_generation="
                 f"{self.steps_per_generation} equal micro-batches. Raise rollout_filter_ratio or num_start_states, or lower "
-                "gradient_accumulation_steps / raise per_device_train_batch_size so that steps_per_generation divides it."
+                "gradient_accumulation_steps / raise per_device_train_batch_size so that steps_per_generation divides the share."
             )

@@ -14,8 +14,10 @@ Rules (each on a smoothed series; "early level" = mean of the first ``warmup_ste
 - ``reward_std``: in-group reward std below ``reward_std_fraction`` x its early level;
 - ``entropy``: policy entropy below ``entropy_fraction`` x its early level;
 - ``grad_norm``: a raw grad norm above ``grad_norm_spike`` x its running (smoothed) mean;
-- ``diversity``: distinct-2 of the think texts below ``diversity_floor`` (skipped on steps
-  without any think text).
+- ``diversity``: distinct-2 of the think texts below ``diversity_fraction`` x its early level or
+  below the absolute ``diversity_floor`` (skipped on steps without any think text). Reasoning
+  that was templated from the start (e.g. after SFT on templated demos) is not a collapse, so the
+  absolute floor is off (0.0) by default.
 
 A rule must hold ``patience`` logs in a row to warn. The guard warns once per rule and run.
 """
@@ -40,7 +42,8 @@ class GuardRules:
     reward_std_fraction: float = 0.25
     entropy_fraction: float = 0.25
     grad_norm_spike: float = 10.0
-    diversity_floor: float = 0.05
+    diversity_fraction: float = 0.5
+    diversity_floor: float = 0.0
     patience: int = 2
 
 
@@ -73,9 +76,9 @@ class CollapseMonitor:
         r, s = self.rules, self.series[name]
         if name == "grad_norm":  # a spike against the running mean of the values before it
             return previous_ema is not None and len(s.early) >= r.warmup_steps and value > r.grad_norm_spike * previous_ema
-        if name == "diversity":
-            return len(s.early) >= r.warmup_steps and s.ema < r.diversity_floor
         early = self.early_level(name)
+        if name == "diversity":
+            return early is not None and s.ema < max(r.diversity_floor, r.diversity_fraction * early)
         fraction = r.reward_std_fraction if name == "reward_std" else r.entropy_fraction
         return early is not None and early > 0 and s.ema < fraction * early
 
@@ -221,6 +224,7 @@ def rules_from_config(args) -> GuardRules:
         reward_std_fraction=args.collapse_guard_reward_std_fraction,
         entropy_fraction=args.collapse_guard_entropy_fraction,
         grad_norm_spike=args.collapse_guard_grad_norm_spike,
+        diversity_fraction=args.collapse_guard_diversity_fraction,
         diversity_floor=args.collapse_guard_diversity_floor,
         patience=args.collapse_guard_patience,
     )

@@ -62,3 +62,14 @@ def check_chat_template(tokenizer, name: str, model_args) -> None:
     except OSError:  # no generation_config.json: the tokenizer's eos is all there is
         generation_eos = None
     ChatFormat(tokenizer, eos_token_ids(tokenizer, generation_eos))
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of every parameter's bytes, in name order: equal digests mean bit-identical weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

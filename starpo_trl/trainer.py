@@ -20,10 +20,12 @@ from transformers import Trainer
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad
+from accelerate.utils import gather_object
 
 from starpo_trl.advantages import (
     bilevel_gae,
     expand_groups,
+    group_std,
     grpo_advantages,
     masked_gae,
     nanstd,
@@ -121,6 +123,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         )
         self.rollout_config = rollout_config(args)
         self._backend = backend
+        self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
         self.critic = None
         if args.advantage_estimator in CRITIC_ESTIMATORS:
             if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
@@ -151,40 +154,62 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         return [StartState(env_id, int(seed), kwargs) for seed in seeds]
 
     # -- the one overridden GRPO hook -----------------------------------------------------------------
+    def _gather_episodes(self, local: list[Episode]) -> list[Episode]:
+        """Every process's episodes, in process order (the order of TRL's sampler, so groups stay contiguous)."""
+        if self.accelerator.num_processes == 1:
+            return local
+        return gather_object(local)
+
     def _generate_and_score_completions(self, inputs):
         args: StarPOConfig = self.args
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         group = self.num_generations
         starts = self._starts([x["seed"] for x in inputs], args.env_id, args.env_kwargs)
-        episodes = self.play(starts, self.temperature)
+        # Each process plays its share; filtering, normalisation and group advantages then run on the
+        # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
+        episodes = self._gather_episodes(self.play(starts, self.temperature))
 
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
         # A failed episode is left out (NaN: out of its group's statistics, advantage 0, no loss) or
         # trained on with the failure reward.
         rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
-        # Variance filter on RAW rewards, per process (each process holds whole groups), before any forward pass.
+        # Variance filter on RAW rewards of the whole batch, before any forward pass.
         kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
         keep = expand_groups(kept_groups, group)
-        kept = [episodes[i] for i in keep.tolist()]
         kept_rewards = normalize_rewards(rewards[keep], group, args.reward_normalization, args.reward_norm_scope)
+        if args.advantage_estimator == "grpo":
+            kept_advantages = grpo_advantages(kept_rewards, group, self.scale_rewards)
+        elif args.advantage_estimator == "rloo":
+            kept_advantages = rloo_advantages(kept_rewards, group)
+        else:
+            kept_advantages = None  # per token, from the critic, on this process's rows
+        # this process's rows of the kept batch
+        share = len(keep) // self.accelerator.num_processes
+        mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
+        if mode == "train":  # the same on every process; rank summaries compare it
+            stds = torch.nan_to_num(group_std(rewards, group), nan=-1.0)
+            self.kept_group_history.append({"kept": kept_groups.tolist(), "group_std": [round(x, 6) for x in stds.tolist()]})
+        local_keep = keep[mine]
+        kept = [episodes[i] for i in local_keep.tolist()]
+        failed_kept = failed[local_keep]
 
         batch = episodes_to_tensors(kept, self._tokenizer.pad_token_id, device)
         if args.env_error_policy == "exclude":
-            batch["tool_mask"][failed[keep].to(device)] = 0
+            batch["tool_mask"][failed_kept.to(device)] = 0
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits_to_keep = batch["completion_ids"].size(1)
-        if args.advantage_estimator == "grpo":
-            advantages = grpo_advantages(kept_rewards, group, self.scale_rewards).to(device)
-        elif args.advantage_estimator == "rloo":
-            advantages = rloo_advantages(kept_rewards, group).to(device)
+        if kept_advantages is not None:
+            advantages = kept_advantages[mine].to(device)
         else:
-            advantages = self._critic_advantages(kept, rewards[keep], kept_rewards, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode)
+            advantages = self._critic_advantages(
+                kept, rewards[keep], kept_rewards, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
+            )
         batch["advantages"] = advantages
         with torch.no_grad():
             generate_every = args.steps_per_generation * self.num_iterations
@@ -204,11 +229,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                     )
 
         row_advantages = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
-        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups))
+        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep)
         return batch
 
-    def _critic_advantages(self, kept, raw, normalized, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
-        """Per-token advantages (B, T) from the critic's values; stores ``old_values`` and ``returns``."""
+    def _critic_advantages(self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
+        """Per-token advantages (B, T) of this process's kept rows ``kept`` from the critic's values;
+        stores ``old_values`` and ``returns``. ``raw``/``normalized`` are the whole kept batch's rewards
+        (group statistics need all of it); ``mine`` slices out this process's rows."""
         args: StarPOConfig = self.args
         values = self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
         ends = [ep.turn_end_positions for ep in kept]
@@ -216,12 +243,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             # each turn's reward divided by the normalisation scale, the shift taken off the last turn,
             # so the turn rewards add up to the normalised episode reward (asym_clip is refused here)
             shift, scale = reward_normalization_terms(raw, self.num_generations, args.reward_normalization, args.reward_norm_scope)
+            shift, scale = shift[mine], scale[mine]
             turn_rewards = [
                 [x / c for x in ep.turn_rewards[:-1]] + [(ep.turn_rewards[-1] - m) / c] if ep.turn_rewards else []
                 for ep, m, c in zip(kept, shift.tolist(), scale.tolist())
             ]
         else:  # the whole (normalised) episode reward on the last turn
-            turn_rewards = [[0.0] * (len(ep.turn_rewards) - 1) + [n] if ep.turn_rewards else [] for ep, n in zip(kept, normalized.tolist())]
+            turn_rewards = [[0.0] * (len(ep.turn_rewards) - 1) + [n] if ep.turn_rewards else [] for ep, n in zip(kept, normalized[mine].tolist())]
         if args.advantage_estimator == "gae":
             token_rewards = place_rewards(values.shape, turn_rewards, ends, per_turn=True).to(values.device)
             advantages, returns = masked_gae(token_rewards, values, loss_mask, args.gamma, args.lam)
@@ -283,7 +311,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if self.critic is not None and not _internal_call and self.args.should_save:
             self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"))
 
-    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups):
+    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep):
+        """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``kept`` and
+        ``advantages`` are this process's rows, gathered for the sample table."""
         group = self.num_generations
         metrics = episode_metrics(episodes, group)
         name = self.args.env_id.split("/")[-1]
@@ -296,11 +326,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self._previous_thinks = [t for t in thinks if t]
             if self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None:
                 self._metrics[mode]["reasoning/shaping_reward"].append(sum(ep.shaping_reward for ep in episodes) / len(episodes))
-        errors = torch.tensor(float(sum(ep.env_error is not None for ep in episodes)), device=self.accelerator.device)
-        self._metrics[mode]["env/errors"].append(self.accelerator.gather(errors).sum().item())
-        all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))
-        self._metrics[mode]["reward"].append(torch.nanmean(all_rewards).item())
-        self._metrics[mode]["reward_std"].append(nanstd(all_rewards, dim=0).item())
+        self._metrics[mode]["env/errors"].append(float(sum(ep.env_error is not None for ep in episodes)))
+        self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
+        self._metrics[mode]["reward_std"].append(nanstd(rewards, dim=0).item())
         self._metrics[mode]["frac_reward_zero_std"].append(metrics.get("frac_zero_std_groups", 0.0))
         self._metrics[mode]["rollout/kept_fraction"].append(num_kept_groups * group / len(episodes))
         model_tokens = [sum(ep.env_mask) for ep in episodes]
@@ -309,8 +337,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self._metrics[mode]["rollout/env_seconds"].append(self.engine.timings["env"])
         self.engine.timings = {"generate": 0.0, "env": 0.0}
         if mode == "train":
-            self.state.num_input_tokens_seen += sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)
-        for ep, adv in zip(kept, advantages.tolist()):
+            tokens = torch.tensor(float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device)
+            self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
+        all_kept = [episodes[i] for i in keep.tolist()]
+        all_advantages = advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
+        for ep, adv in zip(all_kept, all_advantages):
             self._logs["prompt"].append(ep.messages[0]["content"] if ep.messages else "")
             self._logs["completion"].append("\n".join(f"[{m['role']}] {m['content']}" for m in ep.messages[1:]))
             self._logs["rewards"]["env"].append(ep.reward)
@@ -324,9 +355,12 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
         was_training = self.model.training
         self.model.eval()
-        episodes = self.play(self._starts(seeds, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature)
+        # each process plays every num_processes-th seed; the metrics are over all of them
+        mine = list(seeds)[self.accelerator.process_index :: self.accelerator.num_processes]
+        episodes = self._gather_episodes(self.play(self._starts(mine, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature))
         if was_training:
             self.model.train()
+        self.last_eval_episodes = episodes
         return episode_metrics(episodes)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):

@@ -53,10 +53,14 @@ def test_grad_norm_spike_against_running_mean():
 
 
 def test_diversity_floor_and_each_rule_warns_once():
-    rules = GuardRules(warmup_steps=2, smoothing=1.0, diversity_floor=0.1, patience=1)
+    # early level 0.75; fraction 0.5 -> threshold 0.375
+    rules = GuardRules(warmup_steps=2, smoothing=1.0, diversity_fraction=0.5, patience=1)
     monitor = CollapseMonitor(rules)
-    fired = [monitor.update(s, {"diversity": v}) for s, v in enumerate([0.8, 0.7, 0.5, 0.05, 0.04, 0.6, 0.01], start=1)]
+    fired = [monitor.update(s, {"diversity": v}) for s, v in enumerate([0.8, 0.7, 0.4, 0.3, 0.04, 0.6, 0.01], start=1)]
     assert fired == [[], [], [], ["diversity"], [], [], []]
+    # an absolute floor above the relative threshold wins
+    floor = GuardRules(warmup_steps=2, smoothing=1.0, diversity_fraction=0.5, diversity_floor=0.45, patience=1)
+    assert first_firing(floor, [0.8, 0.7, 0.4], "diversity") == 3
 
 
 def test_missing_and_nan_signals_are_skipped():
