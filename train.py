@@ -53,6 +53,20 @@ def append_report(path: str, result: dict, wall_seconds: float) -> None:
         json.dump(report, f, indent=2)
 
 
+def recipe_text() -> str | None:
+    """The ``--config`` YAML this run was launched with, plus the command-line overrides."""
+    import sys
+
+    argv = sys.argv[1:]
+    if "--config" not in argv:
+        return None
+    i = argv.index("--config")
+    with open(argv[i + 1]) as f:
+        text = f.read()
+    overrides = argv[:i] + argv[i + 2 :]
+    return text + (f"# command-line overrides: {' '.join(overrides)}\n" if overrides else "")
+
+
 def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
     start = time.time()
     if args.env_id is None:
@@ -69,10 +83,13 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
         )
     trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    trainer.recipe = recipe_text()
     before = trainer.evaluate_success() if run_args.eval_before else None
     trainer.train()
     after = trainer.evaluate_success()
+    trainer.evaluation_results = {**({"before RL": before} if before else {}), "after RL": after}
     trainer.save_model(args.output_dir)
+    trainer.create_model_card()
     result = {
         "env_id": args.eval_env_id,
         "success_before": None if before is None else before["success"],

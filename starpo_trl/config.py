@@ -47,6 +47,9 @@ class StarPOConfig(GRPOConfig):
         format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
             names an unknown action.
         eval_temperature (`float`, 0.5): sampling temperature of held-out evaluation.
+        num_sample_episodes (`int`, 4): kept episodes per step (spread over the kept groups) whose
+            whole conversation goes to TRL's completions table with `log_completions=True`
+            (printed, saved as parquet, and sent to wandb / trackio).
         env_step_timeout (`float` or `None`): seconds an env reset/step may take; a slower one ends
             its episode (the call runs on in a daemon thread). `None`: no limit.
         env_error_policy (`str`, `"exclude"`): what an episode whose env raised, timed out or paid
@@ -127,6 +130,7 @@ class StarPOConfig(GRPOConfig):
     enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
     format_penalty: float = field(default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."})
     eval_temperature: float = field(default=0.5, metadata={"help": "Sampling temperature for held-out evaluation."})
+    num_sample_episodes: int = field(default=4, metadata={"help": "Episodes per step in the completions table (log_completions)."})
     env_step_timeout: float | None = field(default=None, metadata={"help": "Seconds an env reset/step may take (None: no limit)."})
     env_error_policy: str = field(default="exclude", metadata={"help": "exclude or failure_reward, for episodes whose env failed."})
     env_failure_reward: float = field(default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."})

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import gymnasium as gym
 import torch
+from tqdm.auto import tqdm
 
 import envs  # noqa: F401  (registers the starpo/* env ids)
 
@@ -251,6 +252,7 @@ class RolloutEngine:
         self.eos_token_ids = list(eos_token_ids)
         self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
         self.timings = {"generate": 0.0, "env": 0.0}
+        self.progress = False  # a progress bar of finished episodes (the trainer turns it on on the main process)
 
     def run(self, starts: list[StartState], temperature: float | None = None) -> list[Episode]:
         cfg = self.config
@@ -273,9 +275,14 @@ class RolloutEngine:
             self._last_obs.append(obs)
             actions_left.append(cfg.max_actions_per_episode)
 
+        bar = tqdm(total=len(episodes), desc="episodes", unit="ep", leave=False, disable=not self.progress)
+        finished = 0
         for turn in range(1, cfg.max_turns + 1):
             active = [i for i, ep in enumerate(episodes) if not ep.done and not ep.truncated]
             active = [i for i in active if cfg.max_episode_tokens - len(episodes[i].completion_ids) > 0]
+            bar.update(len(episodes) - len(active) - finished)
+            finished = len(episodes) - len(active)
+            bar.set_postfix(turn=turn)
             if not active:
                 break
             room = min(cfg.max_episode_tokens - len(episodes[i].completion_ids) for i in active)
@@ -313,6 +320,8 @@ class RolloutEngine:
                 ep.logprobs += [0.0] * len(obs_ids)
                 ep.messages.append({"role": "user", "content": content})
             self.timings["env"] += time.perf_counter() - t0
+        bar.update(len(episodes) - finished)
+        bar.close()
         for ep, env in zip(episodes, env_list):
             if env is not None and ep.env_error is None:
                 try:

@@ -41,6 +41,7 @@ from starpo_trl.diagnostics import reasoning_metrics
 from starpo_trl.evaluation import episode_metrics
 from starpo_trl.prompting import parse_reply
 from starpo_trl.guard import CollapseGuard, rules_from_config
+from starpo_trl.model_card import render_model_card
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
 from starpo_trl.shaping import ThinkShaping
 
@@ -124,6 +125,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.rollout_config = rollout_config(args)
         self._backend = backend
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
+        self.evaluation_results: dict[str, dict] = {}  # name -> held-out metrics, shown in the model card
+        self.recipe: str | None = None  # the recipe text, shown in the model card
         self.critic = None
         if args.advantage_estimator in CRITIC_ESTIMATORS:
             if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
@@ -133,6 +136,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             )
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
+        self.engine.progress = not args.disable_tqdm and self.accelerator.is_main_process
         self.guard = None
         if args.collapse_guard != "off":
             if args.collapse_guard in ("stop", "rollback") and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
@@ -311,6 +315,18 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if self.critic is not None and not _internal_call and self.args.should_save:
             self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"))
 
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
+        """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
+        if not self.is_world_process_zero():
+            return
+        config = self.accelerator.unwrap_model(self.model).config
+        base = getattr(config, "_name_or_path", None) or None
+        if base is not None and (os.path.isdir(base) or base == "tiny"):
+            base = None  # only Hub ids are linked
+        card = render_model_card(self.args, base, self.evaluation_results, self.recipe, model_name or self.hub_model_id)
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        card.save(os.path.join(self.args.output_dir, "README.md"))
+
     def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep):
         """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``kept`` and
         ``advantages`` are this process's rows, gathered for the sample table."""
@@ -339,13 +355,20 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if mode == "train":
             tokens = torch.tensor(float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device)
             self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
+        # sample episodes for TRL's completions table (log_completions=True): whole conversations
         all_kept = [episodes[i] for i in keep.tolist()]
         all_advantages = advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
-        for ep, adv in zip(all_kept, all_advantages):
+        n = min(self.args.num_sample_episodes, len(all_kept))
+        picks = sorted({round(j * (len(all_kept) - 1) / max(1, n - 1)) for j in range(n)}) if n else []
+        for j in picks:
+            ep = all_kept[j]
             self._logs["prompt"].append(ep.messages[0]["content"] if ep.messages else "")
             self._logs["completion"].append("\n".join(f"[{m['role']}] {m['content']}" for m in ep.messages[1:]))
             self._logs["rewards"]["env"].append(ep.reward)
-            self._logs["advantages"].append(adv)
+            self._logs["advantages"].append(all_advantages[j])
+            self._logs["extra"]["seed"].append(ep.start.seed)
+            self._logs["extra"]["success"].append(ep.success)
+            self._logs["extra"]["turns"].append(ep.num_turns)
 
     # -- held-out evaluation ----------------------------------------------------------------------------
     def evaluate_success(self, num_episodes: int | None = None) -> dict[str, float]:

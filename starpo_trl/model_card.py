@@ -1,0 +1,119 @@
+"""The model card written next to a trained model (and pushed with it by ``push_to_hub``).
+
+It records what a reader needs to trust or reproduce the model: the base model, the environment
+and its kwargs, the StarPO settings that matter, the held-out evaluation table (the metrics
+``evaluate.py`` prints), and the recipe the run was launched with.
+"""
+
+from __future__ import annotations
+
+from huggingface_hub import ModelCard, ModelCardData
+
+# (field, label) of the StarPO settings shown in the card
+SETTINGS = (
+    ("advantage_estimator", "advantage estimator"),
+    ("rollout_filter_ratio", "variance filter: share of groups kept"),
+    ("rollout_filter_metric", "variance filter metric"),
+    ("num_start_states", "start states (groups) per step"),
+    ("num_generations", "rollouts per start state"),
+    ("max_turns", "max turns"),
+    ("max_actions_per_turn", "max actions per turn"),
+    ("max_tokens_per_turn", "max tokens per turn"),
+    ("enable_think", "think before answering"),
+    ("epsilon", "clip low"),
+    ("epsilon_high", "clip high"),
+    ("beta", "KL coefficient"),
+    ("entropy_coef", "entropy bonus"),
+    ("loss_type", "TRL loss type"),
+    ("learning_rate", "learning rate"),
+    ("max_steps", "steps"),
+    ("temperature", "rollout temperature"),
+    ("seed", "seed"),
+)
+# metrics of the evaluation table, in order; others are appended
+EVAL_ORDER = ("success", "pass@1", "reward_mean", "valid_action_rate", "effective_action_rate", "format_error_rate", "turns", "actions", "truncated", "env_errors")
+
+CITATION = """@article{wang2025ragen,
+  title   = {RAGEN: Understanding Self-Evolution in LLM Agents via Multi-Turn Reinforcement Learning},
+  author  = {Wang, Zihan and others},
+  journal = {arXiv preprint arXiv:2504.20073},
+  year    = {2025}
+}"""
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def evaluation_table(results: dict[str, dict]) -> str:
+    """Markdown table: one column per evaluation (e.g. "before RL", "after RL"), one row per metric."""
+    if not results:
+        return "_No held-out evaluation was run._"
+    names = list(results)
+    keys = [k for k in EVAL_ORDER if any(k in r for r in results.values())]
+    keys += sorted({k for r in results.values() for k in r} - set(keys) - {"env_id"})
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(_fmt(results[n][key]) if key in results[n] else "" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def render_model_card(args, base_model: str | None, evaluation: dict[str, dict] | None = None, recipe: str | None = None, model_id: str | None = None) -> ModelCard:
+    """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``."""
+    env = args.env_id.split("/")[-1]
+    data = ModelCardData(
+        base_model=base_model,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["starpo-trl", "trl", "reinforcement-learning", "multi-turn", "agent", env],
+    )
+    settings = "\n".join(f"| {label} | `{_fmt(getattr(args, name))}` |" for name, label in SETTINGS if hasattr(args, name))
+    eval_env = args.eval_env_id or args.env_id
+    lines = [
+        "---",
+        data.to_yaml(),
+        "---",
+        "",
+        f"# {model_id or env + ' agent'}",
+        "",
+        f"A multi-turn agent for `{args.env_id}`"
+        + (f", trained from [{base_model}](https://huggingface.co/{base_model})" if base_model else "")
+        + " with StarPO (the multi-turn RL method of RAGEN) using `MultiTurnStarPOTrainer` from starpo-trl, on TRL's `GRPOTrainer`.",
+        "",
+        "## Environment",
+        "",
+        f"- train env: `{args.env_id}`, kwargs `{args.env_kwargs}`",
+        f"- evaluation env: `{eval_env}`, kwargs `{args.eval_env_kwargs}`; {args.num_eval_episodes} held-out seeds from "
+        f"{args.eval_seed_offset}, temperature {args.eval_temperature}",
+        "",
+        "## Held-out evaluation",
+        "",
+        evaluation_table(evaluation or {}),
+        "",
+        "Reproduce with `python evaluate.py --model_name_or_path MODEL --env_id "
+        + f"{eval_env} --env_kwargs '{_json(args.eval_env_kwargs)}' --num_episodes {args.num_eval_episodes}`.",
+        "",
+        "## StarPO settings",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        settings,
+        "",
+        "## Prompt format",
+        "",
+        "The model answers every turn with "
+        + ("`<think>...</think><answer>...</answer>`" if args.enable_think else "`<answer>...</answer>`")
+        + "; several actions in one answer are separated by `||`. Use the chat template saved with the model.",
+    ]
+    if recipe:
+        lines += ["", "## Recipe", "", "```yaml", recipe.rstrip(), "```"]
+    lines += ["", "## Citation", "", "```bibtex", CITATION, "```", ""]
+    return ModelCard("\n".join(lines))
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj, sort_keys=True)
