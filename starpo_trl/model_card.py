@@ -60,12 +60,16 @@ def evaluation_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def render_model_card(args, base_model: str | None, evaluation: dict[str, dict] | None = None, recipe: str | None = None, model_id: str | None = None) -> ModelCard:
-    """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``."""
+def render_model_card(
+    args, base_model: str | None, evaluation: dict[str, dict] | None = None, recipe: str | None = None, model_id: str | None = None,
+    adapter: bool = False,
+) -> ModelCard:
+    """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``
+    (``adapter``: the saved weights are a PEFT adapter on ``base_model``)."""
     env = args.env_id.split("/")[-1]
     data = ModelCardData(
         base_model=base_model,
-        library_name="transformers",
+        library_name="peft" if adapter else "transformers",
         pipeline_tag="text-generation",
         tags=["starpo-trl", "trl", "reinforcement-learning", "multi-turn", "agent", env],
     )

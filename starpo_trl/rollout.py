@@ -284,6 +284,10 @@ class RolloutEngine:
             finished = len(episodes) - len(active)
             bar.set_postfix(turn=turn)
             if not active:
+                if getattr(self.backend, "collective", False):
+                    # a collective backend (vLLM server mode) needs every process in every call
+                    self.backend.generate([], max_new_tokens=0, temperature=temperature)
+                    continue
                 break
             room = min(cfg.max_episode_tokens - len(episodes[i].completion_ids) for i in active)
             t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from datasets import Dataset
 from transformers import Trainer
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad
+from trl.trainer.utils import pad, use_adapter
 from accelerate.utils import gather_object
 
 from starpo_trl.advantages import (
@@ -44,6 +44,7 @@ from starpo_trl.guard import CollapseGuard, rules_from_config
 from starpo_trl.model_card import render_model_card
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
 from starpo_trl.shaping import ThinkShaping
+from starpo_trl.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:
@@ -149,6 +150,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         """Play episodes from ``starts`` with the current policy."""
         if self._backend is not None:
             return self.engine.run(starts, temperature)
+        if self.use_vllm:
+            if self.state.global_step != self._last_loaded_step:  # push the current weights to vLLM
+                self.vllm_generation.sync_weights()
+                self._last_loaded_step = self.state.global_step
+            if not isinstance(self.engine.backend, VLLMBackend):
+                self.engine.backend = VLLMBackend(self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id)
+            return self.engine.run(starts, temperature)
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
             self.engine.backend = HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids)
             return self.engine.run(starts, temperature)
@@ -217,16 +225,23 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         batch["advantages"] = advantages
         with torch.no_grad():
             generate_every = args.steps_per_generation * self.num_iterations
-            if args.gradient_accumulation_steps % generate_every != 0:
+            vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+            if args.gradient_accumulation_steps % generate_every != 0 or vllm_correction:
                 batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+                )
+            if vllm_correction:  # vLLM's sampler and the trainer's forward differ: TRL's IS weight corrects it
+                batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
+                    batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask,
+                    self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max,
                 )
             if self.beta != 0.0:
                 if self.ref_model is not None:
                     ref_model, ctx = self.ref_model, nullcontext()
-                else:  # PEFT: the reference is the base model with the adapter disabled
+                else:  # PEFT: the base with the adapter off, or the initial copy "ref" when re-training an adapter (as TRL)
                     ref_model = self.model
-                    ctx = self.accelerator.unwrap_model(self.model).disable_adapter()
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    ctx = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
                 with ctx:
                     batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                         ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
@@ -319,11 +334,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
         if not self.is_world_process_zero():
             return
-        config = self.accelerator.unwrap_model(self.model).config
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        config = unwrapped.config
         base = getattr(config, "_name_or_path", None) or None
         if base is not None and (os.path.isdir(base) or base == "tiny"):
             base = None  # only Hub ids are linked
-        card = render_model_card(self.args, base, self.evaluation_results, self.recipe, model_name or self.hub_model_id)
+        card = render_model_card(
+            self.args, base, self.evaluation_results, self.recipe, model_name or self.hub_model_id, adapter=hasattr(unwrapped, "peft_config")
+        )
         os.makedirs(self.args.output_dir, exist_ok=True)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 

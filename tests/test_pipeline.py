@@ -46,7 +46,8 @@ def test_recipes_parse(recipe):
     from train import RunArguments
 
     config = yaml.safe_load(recipe.read_text())
-    config.pop("bf16", None)  # recipes for GPUs ask for bf16, which this CPU cannot check
+    config.pop("bf16", None)  # recipes for GPUs ask for bf16 or fp16, which this CPU cannot check
+    config.pop("fp16", None)
     config.pop("use_cpu", None)
     parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
     run_args, args, model_args, _ = parser.parse_dict(config)
@@ -82,3 +83,22 @@ def test_evaluate_cli_rejects_unknown_env(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", "x", "--env_id", "starpo/Nope-v0"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode != 0 and "Known starpo envs" in res.stderr
+
+
+def test_colab_notebook_is_valid_and_installs_like_the_readme():
+    import json
+    import re
+
+    nb = json.loads((ROOT / "notebooks/colab_lora.ipynb").read_text())
+    assert nb["nbformat"] == 4 and all(c["cell_type"] in ("markdown", "code") for c in nb["cells"])
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    readme = (ROOT / "README.md").read_text()
+    install = re.search(r'pip install -e "\.\[gpu\]"', readme)
+    assert install, "the README lost its GPU install command"
+    assert f"!{install.group(0)}" in code
+    for recipe in re.findall(r"recipes/[\w.-]+\.yaml", code):
+        assert (ROOT / recipe).exists(), recipe
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            python = "\n".join(line for line in "".join(cell["source"]).splitlines() if not line.startswith(("!", "%")))
+            compile(python, "cell", "exec")  # every Python line of every cell parses
