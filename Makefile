@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test bench bench-learning clean
+.PHONY: install train test bench bench-learning bench-collapse clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,9 @@ bench: $(STAMP)
 
 bench-learning: $(STAMP)
 	$(PY) benchmarks/learning.py
+
+bench-collapse: $(STAMP)
+	$(PY) benchmarks/collapse.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -86,4 +86,33 @@ def write(results: dict) -> None:
         lines += [f"| {name} | {mb:.0f} |" for name, mb in r["peak_rss_mib"].items()]
         lines += ["", f"LoRA critic / full critic peak memory: **{r['lora_vs_full_ratio']:.2f}**; "
                   f"extra memory over no critic: LoRA {r['lora_extra_mib']:.0f} MiB, full {r['full_extra_mib']:.0f} MiB.", ""]
+    if "collapse" in results:
+        r = results["collapse"]
+        c, s = r["runs"]["collapse"], r["runs"]["starpo-s"]
+        yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
+        lines += [f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {r['machine']}, {r['measured_at']})", "",
+                  f"Same warm-started tiny model on non-slippery FrozenLake, {r['steps']} steps each, `collapse_guard=warn` with default "
+                  "thresholds, the two runs side by side. Early success = mean train success of the first 10 rollouts; "
+                  "\"halved\" = first step whose 5-rollout moving average of train success is below half of it.", "",
+                  "| run | settings | early success | guard events (step: rules) | success halved at | dashboard |", "|---|---|---|---|---|---|"]
+        for name, x in r["runs"].items():
+            events = "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(x["guard_steps"], x["guard_rules"])) or "none"
+            lines.append(f"| {name} | {x['settings']} | {x['early_success']:.3f} | {events} | {x['success_halved_step'] or 'never'} | `{x['png']}` |")
+        lines += ["", f"- guard fired in the collapse run: {yes(r['guard_fired_in_collapse_run'])}; before success halved: "
+                  f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
+                  f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}", ""]
+    lines += ["## GPU checks (`bash scripts/gpu_check.sh`)", ""]
+    if "gpu_check" in results:
+        r = results["gpu_check"]
+        lines += [f"Run on {r['gpu']} ({r['measured_at']}); a random Qwen2.5-0.5B-architecture model with the offline tokenizer.", "",
+                  "| check | exit code | result |", "|---|---|---|"]
+        for name in ("make_model", "vllm_rollout", "zero2_train", "vllm_lora_train", "memory"):
+            x = dict(r.get(name, {}))
+            code = x.pop("exit_code", None)
+            lines.append(f"| {name} | {code} | {', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in x.items()) or '-'} |")
+        lines.append("")
+    else:
+        lines += ["**Not yet run**: no GPU has been available to this project's machines so far. vLLM rollouts, DeepSpeed "
+                  "ZeRO-2/3, FSDP2, QLoRA, the Colab notebook and the GPU recipes are not yet verified on GPU; this section "
+                  "is rewritten by `scripts/gpu_check.sh` when it runs.", ""]
     MARKDOWN.write_text("\n".join(lines))

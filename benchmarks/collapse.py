@@ -1,0 +1,131 @@
+"""The collapse guard on a real CPU run: a recipe pushed into collapse vs the StarPO-S recipe.
+
+    python benchmarks/collapse.py        # about 40 minutes on 2 CPU cores (make bench-collapse)
+
+Both runs start from the same warm-started tiny model on non-slippery FrozenLake (the CPU demo),
+with `collapse_guard=warn` and its default thresholds, side by side in two processes:
+
+- collapse: plain GRPO (no variance filter, keep ratio 1.0), no entropy bonus, and a learning rate
+  ramped from 0 to 3e-3 over the first half of the run (10x the demo's), then held;
+- StarPO-S: the demo recipe (keep the most uncertain half of the groups, LR 3e-4).
+
+Reported: the guard's first event, "early success" (mean train success over the first 10
+rollouts) and the first step where the 5-rollout moving average of train success falls below half
+of it. Each run's dashboard (success, reward std, entropy, grad norm, diversity, guard events) is
+saved beside the results as benchmarks/collapse-<run>.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+OUT = ROOT / "runs" / "bench-collapse"
+STEPS = 120
+RUNS = {
+    "collapse": dict(rollout_filter_ratio=1.0, entropy_coef=0.0, learning_rate=3e-3, lr_scheduler_type="constant_with_warmup", warmup_steps=STEPS // 2),
+    "starpo-s": dict(),  # the demo recipe as it is
+}
+
+
+def warm_model() -> pathlib.Path:
+    """The warm-started FrozenLake model of the CPU demo recipe (built once, reused)."""
+    from learning import parse
+
+    warm_dir = OUT / "warm"
+    if not (warm_dir / "model.safetensors").exists():
+        from starpo_trl.models import load_model_and_tokenizer
+        from starpo_trl.trainer import rollout_config
+        from starpo_trl.warm_start import demonstrations, warm_start
+
+        run_args, args, model_args, tiny_args = parse("demo-cpu-frozenlake.yaml", output_dir=str(warm_dir))
+        model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
+        seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
+        demos = demonstrations(args.env_id, args.env_kwargs, seeds, run_args.warm_start_noise, rollout_config(args), run_args.warm_start_actions_per_turn)
+        model = warm_start(model, tok, demos, str(warm_dir / "sft"), epochs=run_args.warm_start_epochs,
+                           learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size)
+        model.save_pretrained(warm_dir)
+        tok.save_pretrained(warm_dir)
+    return warm_dir
+
+
+def worker(name: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from learning import parse
+    from starpo_trl import MultiTurnStarPOTrainer
+
+    warm_dir = OUT / "warm"
+    out = OUT / name
+    _, args, _, _ = parse("demo-cpu-frozenlake.yaml", output_dir=str(out), max_steps=STEPS, collapse_guard="warn", disable_tqdm=True, **RUNS[name])
+    trainer = MultiTurnStarPOTrainer(AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=AutoTokenizer.from_pretrained(warm_dir))
+    start = time.time()
+    trainer.train()
+    with open(out / "report.json", "w") as f:
+        json.dump({"env_id": args.env_id, "log_history": trainer.state.log_history, "guard_events": trainer.guard.events,
+                   "wall_seconds": round(time.time() - start, 1)}, f)
+
+
+def halved_step(history: list[dict], key: str, early_n: int = 10, window: int = 5) -> tuple[float, int | None]:
+    """(early success, first step whose moving average is below half of it, or None)."""
+    rows = [(r["step"], r[key]) for r in history if key in r]
+    early = sum(v for _, v in rows[:early_n]) / max(1, len(rows[:early_n]))
+    for i in range(early_n, len(rows)):
+        avg = sum(v for _, v in rows[i - window + 1 : i + 1]) / window
+        if avg < 0.5 * early:
+            return early, rows[i][0]
+    return early, None
+
+
+def main() -> None:
+    from report import store
+    from starpo_trl.plotting import plot_dashboard
+
+    warm_model()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = {name: subprocess.Popen([sys.executable, __file__, "--worker", name], env=env) for name in RUNS}
+    for name, proc in procs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"run {name} failed")
+    results = {}
+    for name in RUNS:
+        report = json.loads((OUT / name / "report.json").read_text())
+        history, events = report["log_history"], report["guard_events"]
+        early, halved = halved_step(history, "env/FrozenLake-v0/success")
+        png = HERE / f"collapse-{name}.png"
+        plot_dashboard(history, str(png), "FrozenLake-v0", events, title=f"{name}: FrozenLake-v0, collapse_guard=warn")
+        first = events[0] if events else None
+        results[name] = {
+            "settings": RUNS[name] or "demo recipe", "guard_first_step": first["step"] if first else None,
+            "guard_rules": [e["rules"] for e in events], "guard_steps": [e["step"] for e in events],
+            "early_success": round(early, 4), "success_halved_step": halved, "wall_seconds": report["wall_seconds"],
+            "png": str(png.relative_to(ROOT)),
+        }
+        print(name, results[name], flush=True)
+    c, s = results["collapse"], results["starpo-s"]
+    store("collapse", {
+        "runs": results, "steps": STEPS,
+        "guard_fired_in_collapse_run": c["guard_first_step"] is not None,
+        "guard_before_success_halved": c["guard_first_step"] is not None and (c["success_halved_step"] is None or c["guard_first_step"] < c["success_halved_step"]),
+        "success_halved_in_collapse_run": c["success_halved_step"] is not None,
+        "guard_silent_in_starpo_s_run": s["guard_first_step"] is None,
+    })
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+    else:
+        main()
