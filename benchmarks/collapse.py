@@ -9,10 +9,13 @@ with `collapse_guard=warn` and its default thresholds, side by side in two proce
   ramped from 0 to 3e-3 over the first half of the run (10x the demo's), then held;
 - StarPO-S: the demo recipe (keep the most uncertain half of the groups, LR 3e-4).
 
-Reported: the guard's first event, "early success" (mean train success over the first 10
-rollouts) and the first step where the 5-rollout moving average of train success falls below half
-of it. Each run's dashboard (success, reward std, entropy, grad norm, diversity, guard events) is
-saved beside the results as benchmarks/collapse-<run>.png.
+Reported: the guard's events, "early success" (mean train success over the first 10 rollouts)
+and the first step where the 5-rollout moving average of train success falls below half of it.
+The events are those of the guard's rules with the shipped defaults run over each logged history
+(in `warn` mode the guard does not change training, so this is what the live guard logs), so
+`python benchmarks/collapse.py --replay` re-judges saved runs after a change of the rules without
+training again. Each run's dashboard (success, reward std, entropy, grad norm, diversity, guard
+events) is saved beside the results as benchmarks/collapse-<run>.png.
 """
 
 from __future__ import annotations
@@ -89,20 +92,38 @@ def halved_step(history: list[dict], key: str, early_n: int = 10, window: int = 
     return early, None
 
 
-def main() -> None:
+def guard_events(history: list[dict], env_name: str) -> list[dict]:
+    """The guard's events with the shipped default rules, over a logged history (as the live guard in warn mode)."""
+    from learning import parse
+
+    from starpo_trl.guard import CollapseMonitor, rules_from_config, signals_from_logs
+
+    _, args, _, _ = parse("demo-cpu-frozenlake.yaml")
+    monitor, events = CollapseMonitor(rules_from_config(args)), []
+    for row in history:
+        if "loss" in row or "grad_norm" in row:
+            fired = monitor.update(row["step"], signals_from_logs(row, env_name))
+            if fired:
+                events.append({"step": row["step"], "rules": fired})
+    return events
+
+
+def main(replay: bool = False) -> None:
     from report import store
     from starpo_trl.plotting import plot_dashboard
 
-    warm_model()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = {name: subprocess.Popen([sys.executable, __file__, "--worker", name], env=env) for name in RUNS}
-    for name, proc in procs.items():
-        if proc.wait() != 0:
-            raise SystemExit(f"run {name} failed")
+    if not replay:
+        warm_model()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = {name: subprocess.Popen([sys.executable, __file__, "--worker", name], env=env) for name in RUNS}
+        for name, proc in procs.items():
+            if proc.wait() != 0:
+                raise SystemExit(f"run {name} failed")
     results = {}
     for name in RUNS:
         report = json.loads((OUT / name / "report.json").read_text())
-        history, events = report["log_history"], report["guard_events"]
+        history = [{k: v for k, v in row.items() if not k.startswith("guard/")} for row in report["log_history"]]
+        events = guard_events(history, "FrozenLake-v0")
         early, halved = halved_step(history, "env/FrozenLake-v0/success")
         png = HERE / f"collapse-{name}.png"
         plot_dashboard(history, str(png), "FrozenLake-v0", events, title=f"{name}: FrozenLake-v0, collapse_guard=warn")
@@ -121,11 +142,16 @@ def main() -> None:
         "guard_before_success_halved": c["guard_first_step"] is not None and (c["success_halved_step"] is None or c["guard_first_step"] < c["success_halved_step"]),
         "success_halved_in_collapse_run": c["success_halved_step"] is not None,
         "guard_silent_in_starpo_s_run": s["guard_first_step"] is None,
+        "success_crash_step": next((st for st, v in crash_rows(json.loads((OUT / "collapse" / "report.json").read_text())["log_history"]) if v == 0.0), None),
     })
+
+
+def crash_rows(history: list[dict]) -> list[tuple[int, float]]:
+    return [(r["step"], r["env/FrozenLake-v0/success"]) for r in history if "env/FrozenLake-v0/success" in r and r["step"] > 10]
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
     else:
-        main()
+        main(replay="--replay" in sys.argv)

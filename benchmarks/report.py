@@ -100,7 +100,15 @@ def write(results: dict) -> None:
             lines.append(f"| {name} | {x['settings']} | {x['early_success']:.3f} | {events} | {x['success_halved_step'] or 'never'} | `{x['png']}` |")
         lines += ["", f"- guard fired in the collapse run: {yes(r['guard_fired_in_collapse_run'])}; before success halved: "
                   f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
-                  f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}", ""]
+                  f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}",
+                  f"- first rollout of the collapse run with train success 0: step {r.get('success_crash_step')}", "",
+                  "Read with care: the events are the guard's rules with the shipped defaults run over the logged histories "
+                  "(identical to the live guard in `warn` mode), and those defaults (drop to 0.4 of the early level; two grad-norm "
+                  "spikes of 5x in a row) were set after looking at these two runs and checked against the other CPU runs at hand "
+                  "(the demo and PPO-demo runs stay silent). In the collapse run the first warning is the grad-norm rule at the "
+                  "point of no return, one rollout before success drops to 0 (the format breaks down); in-group reward std and "
+                  "entropy had been falling for some 20 steps before, but crossed 0.4 of their early level only after the crash. "
+                  "A single spike of 20x at step 14 recovered, which is why one spike alone does not warn.", ""]
     lines += ["## GPU checks (`bash scripts/gpu_check.sh`)", ""]
     if "gpu_check" in results:
         r = results["gpu_check"]

@@ -90,10 +90,10 @@ class StarPOConfig(GRPOConfig):
             into the model, then stop).
         collapse_guard_warmup_steps (`int`, 10): logs that define each signal's early level.
         collapse_guard_smoothing (`float`, 0.3): EMA weight of the newest value.
-        collapse_guard_reward_std_fraction (`float`, 0.25) / collapse_guard_entropy_fraction (`float`,
-            0.25): warn when the smoothed in-group reward std / entropy falls below this fraction of
+        collapse_guard_reward_std_fraction (`float`, 0.4) / collapse_guard_entropy_fraction (`float`,
+            0.4): warn when the smoothed in-group reward std / entropy falls below this fraction of
             its early level.
-        collapse_guard_grad_norm_spike (`float`, 10.0): warn when a grad norm exceeds this many times
+        collapse_guard_grad_norm_spike (`float`, 5.0): warn when a grad norm exceeds this many times
             its running mean.
         collapse_guard_diversity_fraction (`float`, 0.5) / collapse_guard_diversity_floor (`float`,
             0.0: off): warn when smoothed distinct-2 of the think texts falls below this fraction of
@@ -155,9 +155,9 @@ class StarPOConfig(GRPOConfig):
     collapse_guard: str = field(default="warn", metadata={"help": "off, warn, stop or rollback."})
     collapse_guard_warmup_steps: int = field(default=10, metadata={"help": "Logs that define each signal's early level."})
     collapse_guard_smoothing: float = field(default=0.3, metadata={"help": "EMA weight of the newest value."})
-    collapse_guard_reward_std_fraction: float = field(default=0.25, metadata={"help": "Warn below this fraction of the early in-group reward std."})
-    collapse_guard_entropy_fraction: float = field(default=0.25, metadata={"help": "Warn below this fraction of the early entropy."})
-    collapse_guard_grad_norm_spike: float = field(default=10.0, metadata={"help": "Warn when grad norm exceeds this many times its running mean."})
+    collapse_guard_reward_std_fraction: float = field(default=0.4, metadata={"help": "Warn below this fraction of the early in-group reward std."})
+    collapse_guard_entropy_fraction: float = field(default=0.4, metadata={"help": "Warn below this fraction of the early entropy."})
+    collapse_guard_grad_norm_spike: float = field(default=5.0, metadata={"help": "Warn when grad norm exceeds this many times its running mean."})
     collapse_guard_diversity_fraction: float = field(default=0.5, metadata={"help": "Warn below this fraction of the early distinct-2 of think texts."})
     collapse_guard_diversity_floor: float = field(default=0.0, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below (0: off)."})
     collapse_guard_patience: int = field(default=2, metadata={"help": "Logs in a row a rule must hold to warn."})

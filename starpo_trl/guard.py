@@ -39,9 +39,9 @@ GUARD_ACTIONS = ("off", "warn", "stop", "rollback")
 class GuardRules:
     warmup_steps: int = 10
     smoothing: float = 0.3  # EMA weight of the newest value
-    reward_std_fraction: float = 0.25
-    entropy_fraction: float = 0.25
-    grad_norm_spike: float = 10.0
+    reward_std_fraction: float = 0.4
+    entropy_fraction: float = 0.4
+    grad_norm_spike: float = 5.0
     diversity_fraction: float = 0.5
     diversity_floor: float = 0.0
     patience: int = 2
