@@ -37,7 +37,7 @@ class RunArguments:
     report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
     rank_summary: bool = field(
         default=False,
-        metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its weights) to check that ranks agree."},
+        metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."},
     )
 
 
@@ -84,8 +84,10 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         )
     trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args))
     trainer.recipe = recipe_text()
+    critic_initial = None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters())
     before = trainer.evaluate_success() if run_args.eval_before else None
-    trainer.train()
+    # resuming re-runs the (seeded) warm start first: a LoRA checkpoint holds only the adapter, not the warm-started base
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     after = trainer.evaluate_success()
     trainer.evaluation_results = {**({"before RL": before} if before else {}), "after RL": after}
     trainer.save_model(args.output_dir)
@@ -103,7 +105,9 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     if run_args.rank_summary:
         acc = trainer.accelerator
         summary = {"process_index": acc.process_index, "num_processes": acc.num_processes, "kept_groups": trainer.kept_group_history,
-                   "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)), "global_step": trainer.state.global_step}
+                   "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)), "global_step": trainer.state.global_step,
+                   "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
+                   "critic_initial_sha256": critic_initial}
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, f"rank-{acc.process_index}.json"), "w") as f:
             json.dump(summary, f)

@@ -8,6 +8,11 @@ AdamW optimizer, learning rate and value clipping, and is initialised from the p
 - ``critic_type="lora"`` (policy trained with PEFT): a second LoRA adapter named ``critic`` on the
   policy's own frozen base, plus a value head. The base weights are shared, so a single-GPU LoRA
   run pays only for the adapter, the head and their optimizer state.
+
+With several processes the critic's gradients are averaged across them and its AdamW state is
+sharded (ZeRO stage 1, torch's ``ZeroRedundancyOptimizer``): each process keeps the moments of its
+share of the parameters, steps that share and broadcasts it, so every process ends each step with
+the same critic weights. ``save`` gathers the shards into one optimizer file.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ def _decoder(model):
 
 
 class Critic(nn.Module):
-    def __init__(self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01):
+    def __init__(
+        self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01,
+        shard_optimizer: bool | None = None,
+    ):
         super().__init__()
         if critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be 'full' or 'lora', got {critic_type!r}")
@@ -51,7 +59,17 @@ class Critic(nn.Module):
         self.head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
-        self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+        if shard_optimizer is None:  # shard whenever several processes train together
+            shard_optimizer = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        self.sharded = shard_optimizer
+        if shard_optimizer:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            self.optimizer = ZeroRedundancyOptimizer(
+                self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         params = list(self.head.parameters())
@@ -104,14 +122,34 @@ class Critic(nn.Module):
         return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": float(grad_norm)}
 
     # -- checkpoints ----------------------------------------------------------------------------------
-    def save(self, directory: str) -> None:
-        """Weights as safetensors (``critic.safetensors``), optimizer state beside them, as Trainer does."""
+    def save(self, directory: str, write: bool = True) -> None:
+        """Weights as safetensors (``critic.safetensors``), optimizer state beside them, as Trainer does.
+
+        With a sharded optimizer every process must call this (gathering the shards is collective);
+        only those with ``write=True`` write files."""
         from safetensors.torch import save_file
 
+        optimizer_state = self._gathered_optimizer_state(write) if self.sharded else self.optimizer.state_dict()
+        if not write:
+            return
         os.makedirs(directory, exist_ok=True)
         tensors = {f"{i:05d}": p.detach().cpu().contiguous() for i, p in enumerate(self.trainable_parameters())}
         save_file(tensors, os.path.join(directory, "critic.safetensors"))
-        torch.save(self.optimizer.state_dict(), os.path.join(directory, "critic_optimizer.pt"))
+        torch.save(optimizer_state, os.path.join(directory, "critic_optimizer.pt"))  # whole, also when sharded
+
+    def _gathered_optimizer_state(self, write: bool) -> dict | None:
+        """The whole optimizer state on every process that writes (one per node with save_on_each_node)."""
+        import torch.distributed as dist
+
+        flags = [None] * dist.get_world_size()
+        dist.all_gather_object(flags, write)
+        state = None
+        for rank, writes in enumerate(flags):
+            if writes:
+                self.optimizer.consolidate_state_dict(to=rank)
+                if rank == dist.get_rank():
+                    state = self.optimizer.state_dict()
+        return state
 
     def load(self, directory: str) -> None:
         from safetensors.torch import load_file

@@ -65,11 +65,14 @@ def check_chat_template(tokenizer, name: str, model_args) -> None:
 
 
 def weights_digest(model) -> str:
-    """SHA-256 of every parameter's bytes, in name order: equal digests mean bit-identical weights."""
+    """SHA-256 of every parameter's bytes, in name order: equal digests mean bit-identical weights.
+
+    ``model`` is a module, or a list of tensors (hashed in list order)."""
     import hashlib
 
+    named = sorted(model.named_parameters()) if hasattr(model, "named_parameters") else [(f"{i:05d}", p) for i, p in enumerate(model)]
     digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters()):
+    for name, param in named:
         digest.update(name.encode())
         digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

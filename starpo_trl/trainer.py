@@ -315,9 +315,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.critic is not None and self.args.should_save:
+        if self.critic is not None:  # on every process: gathering a sharded critic optimizer is collective
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            self.critic.save(os.path.join(folder, "value_model"))
+            self.critic.save(os.path.join(folder, "value_model"), write=self.args.should_save)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -327,8 +327,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
-        if self.critic is not None and not _internal_call and self.args.should_save:
-            self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"))
+        if self.critic is not None and not _internal_call:  # every process calls save_model, as Trainer expects
+            self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
