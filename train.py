@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+from starpo_trl.config import CRITIC_ESTIMATORS
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.plotting import plot_curves, plot_dashboard
 from starpo_trl.trainer import rollout_config
@@ -35,6 +36,10 @@ class RunArguments:
     warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
     eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
     report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
+    critic_init: str = field(
+        default="policy",
+        metadata={"help": "Weights of a full critic: 'policy' (as RL starts, after any warm start), 'pre_warm_start' (the model as loaded), or a model id/dir."},
+    )
     rank_summary: bool = field(
         default=False,
         metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."},
@@ -71,7 +76,17 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     start = time.time()
     if args.env_id is None:
         raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
+    if run_args.critic_init != "policy" and (args.advantage_estimator not in CRITIC_ESTIMATORS or args.critic_type != "full"):
+        raise ValueError(
+            f"critic_init={run_args.critic_init!r} sets the weights of a full critic: use it with critic_type=full and "
+            f"advantage_estimator in {sorted(CRITIC_ESTIMATORS)}, or leave critic_init=policy."
+        )
     model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code)
+    value_model = None if run_args.critic_init == "policy" else run_args.critic_init
+    if run_args.critic_init == "pre_warm_start":
+        import copy
+
+        value_model = copy.deepcopy(model)
     if run_args.warm_start_episodes > 0:
         from starpo_trl.warm_start import demonstrations, warm_start
 
@@ -82,7 +97,8 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size, seed=args.seed,
             use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
         )
-    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args), value_model=value_model)
+    del value_model  # the critic holds its own copy
     trainer.recipe = recipe_text()
     critic_initial = None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters())
     before = trainer.evaluate_success() if run_args.eval_before else None

@@ -79,6 +79,8 @@ class StarPOConfig(GRPOConfig):
             adapter on the policy's base; needs PEFT).
         critic_learning_rate (`float`, 1e-5), value_clip (`float`, 0.5), critic_warmup_steps (`int`,
             0: steps that train only the critic).
+        critic_epochs (`int`, 1): value-regression steps the critic takes on each micro-batch (the
+            policy takes one; `num_iterations` repeats both).
         loss_aggregation (`str` or `None`): `token-mean` (TRL `dapo`), `seq-mean-token-mean`
             (TRL `grpo`: every trajectory weighs the same) or `seq-mean-token-sum` (TRL `luspo`);
             sets `loss_type`. `None` keeps `loss_type` as given.
@@ -150,6 +152,7 @@ class StarPOConfig(GRPOConfig):
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_clip: float | None = field(default=0.5, metadata={"help": "Value clipping range (None: no clipping)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "First steps train only the critic."})
+    critic_epochs: int = field(default=1, metadata={"help": "Critic steps on each micro-batch."})
     loss_aggregation: str | None = field(default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."})
 
     collapse_guard: str = field(default="warn", metadata={"help": "off, warn, stop or rollback."})
@@ -239,6 +242,8 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(f"need 0 <= think_min_words <= think_max_words, got {self.think_min_words} and {self.think_max_words}")
         if self.critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be full or lora, got {self.critic_type!r}")
+        if self.critic_epochs < 1:
+            raise ValueError(f"critic_epochs must be at least 1, got {self.critic_epochs}")
         if self.loss_aggregation is not None:
             if self.loss_aggregation not in LOSS_AGGREGATION:
                 raise ValueError(f"loss_aggregation must be one of {sorted(LOSS_AGGREGATION)}, got {self.loss_aggregation!r}")

@@ -4,7 +4,8 @@
 (the decoder's hidden state at position ``t - 1`` through a linear value head). It has its own
 AdamW optimizer, learning rate and value clipping, and is initialised from the policy's weights:
 
-- ``critic_type="full"``: a deep copy of the policy's decoder (no LM head) plus a value head.
+- ``critic_type="full"``: a deep copy of the policy's decoder (no LM head) plus a value head; or of
+  another model's decoder (``init_from``: e.g. the policy before a warm start, or a reward model).
 - ``critic_type="lora"`` (policy trained with PEFT): a second LoRA adapter named ``critic`` on the
   policy's own frozen base, plus a value head. The base weights are shared, so a single-GPU LoRA
   run pays only for the adapter, the head and their optimizer state.
@@ -36,16 +37,19 @@ def _decoder(model):
 class Critic(nn.Module):
     def __init__(
         self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01,
-        shard_optimizer: bool | None = None,
+        shard_optimizer: bool | None = None, init_from=None,
     ):
         super().__init__()
         if critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be 'full' or 'lora', got {critic_type!r}")
         self.critic_type = critic_type
         self.value_clip = value_clip
-        hidden = policy.config.get_text_config().hidden_size
+        if init_from is not None and critic_type != "full":
+            raise ValueError("A separate value model (value_model) needs critic_type='full': the LoRA critic shares the policy's base.")
+        source = policy if init_from is None else init_from  # any causal LM with the policy's tokenizer
+        hidden = source.config.get_text_config().hidden_size
         if critic_type == "full":
-            self.backbone = copy.deepcopy(_decoder(policy))
+            self.backbone = copy.deepcopy(_decoder(source))
             self.backbone.requires_grad_(True)
             self.policy = None
         else:
@@ -56,6 +60,8 @@ class Critic(nn.Module):
             self.backbone = None
             self.policy = [policy]  # a list keeps the policy out of this module's parameters
         ref = next(policy.parameters())
+        if self.backbone is not None:
+            self.backbone.to(ref.device)
         self.head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)

@@ -106,11 +106,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             `HFBackend` on the policy itself.
         reasoning_reward_fn: optional `(think, answer, previous_think, turn) -> float`, added to
             each turn's reward (see `starpo_trl.shaping`).
+        value_model: optional model (or Hub id / local dir) whose decoder initialises a full critic,
+            e.g. the policy's weights before a warm start; it must share the policy's tokenizer.
+            Default: the policy's own weights.
     """
 
     def __init__(
         self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None,
-        backend=None, reasoning_reward_fn=None,
+        backend=None, reasoning_reward_fn=None, value_model=None,
     ):
         if not isinstance(args, StarPOConfig) or args.env_id is None:
             raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
@@ -132,9 +135,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if args.advantage_estimator in CRITIC_ESTIMATORS:
             if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
                 raise ValueError("The critic does not support DeepSpeed ZeRO-3 yet: use ZeRO-2, or advantage_estimator='grpo'/'rloo'.")
-            self.critic = Critic(
-                self.accelerator.unwrap_model(self.model), args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay
-            )
+            policy = self.accelerator.unwrap_model(self.model)
+            if isinstance(value_model, str):
+                from transformers import AutoModelForCausalLM
+
+                value_model = AutoModelForCausalLM.from_pretrained(value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code)
+            self.critic = Critic(policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model)
+        elif value_model is not None:
+            raise ValueError(f"value_model is only used by a critic: set advantage_estimator to one of {sorted(CRITIC_ESTIMATORS)}.")
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
         self.engine.progress = not args.disable_tqdm and self.accelerator.is_main_process
@@ -294,12 +302,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
             mask = inputs["completion_mask"] * inputs["tool_mask"]
-            stats = self.critic.update(
-                input_ids, attention_mask, inputs["completion_ids"].size(1), inputs["old_values"], inputs["returns"], mask,
-                self.args.max_grad_norm, reduce=self._reduce_grads,
-            )
-            for key, value in stats.items():
-                self._metrics["train"][f"critic/{key}"].append(value)
+            for _ in range(self.args.critic_epochs):  # each epoch's stats are logged (averaged by the logger)
+                stats = self.critic.update(
+                    input_ids, attention_mask, inputs["completion_ids"].size(1), inputs["old_values"], inputs["returns"], mask,
+                    self.args.max_grad_norm, reduce=self._reduce_grads,
+                )
+                for key, value in stats.items():
+                    self._metrics["train"][f"critic/{key}"].append(value)
             if self.state.global_step < self.args.critic_warmup_steps:
                 # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

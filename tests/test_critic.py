@@ -175,3 +175,35 @@ def test_sharded_critic_optimizer_matches_plain_adamw_across_two_processes(tmp_p
         assert r["saved_state"] == r["num_params"]  # gathered: every parameter's moments
     assert 0 < ranks[0]["local_state"] < ranks[0]["num_params"] and ranks[0]["local_state"] + ranks[1]["local_state"] == ranks[0]["num_params"]
     assert ranks[0]["digests"][0] == ranks[0]["digests"][1] == ranks[1]["digests"][0]
+
+
+def test_full_critic_can_start_from_another_models_weights(tiny_tokenizer, policy):
+    from starpo_trl.tiny import build_tiny_model
+
+    other = build_tiny_model(tiny_tokenizer, seed=9, hidden_size=48, num_layers=2)
+    critic = Critic(policy, "full", init_from=other)
+    pairs = list(zip(critic.backbone.named_parameters(), other.model.named_parameters()))
+    assert len(pairs) == len(list(other.model.parameters())) and all(n == m and torch.equal(p, q) for (n, p), (m, q) in pairs)
+    assert critic.head.in_features == 48  # sized from the value model, not the policy (32)
+    ids = torch.randint(5, 100, (2, 7))
+    assert critic.values(ids, torch.ones_like(ids), 3, 2).shape == (2, 3)
+    with pytest.raises(ValueError, match="critic_type='full'"):
+        Critic(lora_policy(policy), "lora", init_from=other)
+
+
+def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy, monkeypatch):
+    from starpo_trl.tiny import build_tiny_model
+
+    with pytest.raises(ValueError, match="value_model is only used by a critic"):
+        MultiTurnStarPOTrainer(policy, make_args(tmp_path), processing_class=tiny_tokenizer, value_model=policy)
+    with pytest.raises(ValueError, match="critic_epochs"):
+        make_args(tmp_path, advantage_estimator="gae", critic_epochs=0)
+    other = build_tiny_model(tiny_tokenizer, seed=9, hidden_size=48, num_layers=2)
+    args = make_args(tmp_path, advantage_estimator="gae", critic_epochs=3, max_steps=1)
+    trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer, value_model=other)
+    assert torch.equal(trainer.critic.backbone.embed_tokens.weight, other.model.embed_tokens.weight)
+    calls = []
+    update = trainer.critic.update
+    monkeypatch.setattr(trainer.critic, "update", lambda *a, **k: calls.append(1) or update(*a, **k))
+    trainer.train()
+    assert len(calls) == 3 * args.gradient_accumulation_steps  # 3 critic steps on each of the step's micro-batches
