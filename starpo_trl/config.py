@@ -55,6 +55,9 @@ class StarPOConfig(GRPOConfig):
         env_error_policy (`str`, `"exclude"`): what an episode whose env raised, timed out or paid
             a non-finite reward becomes: `exclude` (out of the loss and of its group's statistics)
             or `failure_reward` (trained on, with reward `env_failure_reward`, default 0.0).
+        vllm_lora_sync (`bool`, False): with LoRA and `vllm_mode="colocate"`, push only the adapter
+            to vLLM before each rollout (vLLM's LoRA support) instead of TRL's merged full weights
+            (see `starpo_trl.vllm_lora`). Not with `vllm_enable_sleep_mode`.
 
         > StarPO-S
 
@@ -136,6 +139,7 @@ class StarPOConfig(GRPOConfig):
     env_step_timeout: float | None = field(default=None, metadata={"help": "Seconds an env reset/step may take (None: no limit)."})
     env_error_policy: str = field(default="exclude", metadata={"help": "exclude or failure_reward, for episodes whose env failed."})
     env_failure_reward: float = field(default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."})
+    vllm_lora_sync: bool = field(default=False, metadata={"help": "LoRA + vLLM colocate: push only the adapter to vLLM each step."})
 
     rollout_filter_ratio: float = field(default=0.25, metadata={"help": "Share of groups kept by the variance filter."})
     rollout_filter_metric: str = field(default="std", metadata={"help": "Filter ranking: std, std_rev or none."})
@@ -242,6 +246,13 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(f"need 0 <= think_min_words <= think_max_words, got {self.think_min_words} and {self.think_max_words}")
         if self.critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be full or lora, got {self.critic_type!r}")
+        if self.vllm_lora_sync and not (self.use_vllm and self.vllm_mode == "colocate"):
+            raise ValueError(
+                "vllm_lora_sync pushes the LoRA adapter into a colocated vLLM engine: set use_vllm=True and vllm_mode='colocate' "
+                "(trl vllm-serve cannot load adapters), or leave vllm_lora_sync=False."
+            )
+        if self.vllm_lora_sync and self.vllm_enable_sleep_mode:
+            raise ValueError("vllm_lora_sync cannot be combined with vllm_enable_sleep_mode (waking re-pushes merged weights): turn one off.")
         if self.critic_epochs < 1:
             raise ValueError(f"critic_epochs must be at least 1, got {self.critic_epochs}")
         if self.loss_aggregation is not None:

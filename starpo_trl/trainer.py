@@ -45,6 +45,7 @@ from starpo_trl.model_card import render_model_card
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
 from starpo_trl.shaping import ThinkShaping
 from starpo_trl.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
+from starpo_trl.vllm_lora import AdapterSync, lora_engine, lora_rank
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:
@@ -117,15 +118,23 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     ):
         if not isinstance(args, StarPOConfig) or args.env_id is None:
             raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
-        super().__init__(
-            model=model,
-            reward_funcs=[env_reward],
-            args=args,
-            train_dataset=train_dataset if train_dataset is not None else start_state_dataset(args),
-            processing_class=processing_class,
-            callbacks=callbacks,
-            peft_config=peft_config,
-        )
+        # adapter-only vLLM sync: TRL's engine is built with LoRA support during construction
+        engine = lora_engine(lora_rank(model, peft_config)) if args.vllm_lora_sync else nullcontext()
+        with engine:
+            super().__init__(
+                model=model,
+                reward_funcs=[env_reward],
+                args=args,
+                train_dataset=train_dataset if train_dataset is not None else start_state_dataset(args),
+                processing_class=processing_class,
+                callbacks=callbacks,
+                peft_config=peft_config,
+            )
+        self.adapter_sync = None
+        if args.vllm_lora_sync:
+            if self.is_fsdp_enabled or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
+                raise ValueError("vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False.")
+            self.adapter_sync = AdapterSync(self.vllm_generation, self.accelerator.unwrap_model(self.model))
         self.rollout_config = rollout_config(args)
         self._backend = backend
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
@@ -159,8 +168,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if self._backend is not None:
             return self.engine.run(starts, temperature)
         if self.use_vllm:
-            if self.state.global_step != self._last_loaded_step:  # push the current weights to vLLM
-                self.vllm_generation.sync_weights()
+            if self.state.global_step != self._last_loaded_step:  # push the current weights (or LoRA adapter) to vLLM
+                if self.adapter_sync is not None:
+                    self.adapter_sync.push(self.state.global_step)
+                else:
+                    self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             if not isinstance(self.engine.backend, VLLMBackend):
                 self.engine.backend = VLLMBackend(self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id)

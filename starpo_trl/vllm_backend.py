@@ -14,7 +14,8 @@ it one turn at a time:
   ``max_turns`` even after its own episodes have ended.
 
 The trainer syncs weights before each rollout when the step changed (TRL's ``sync_weights``: with
-PEFT the adapter is merged and the merged weights are pushed) and applies TRL's importance-sampling
+PEFT the adapter is merged and the merged weights are pushed; with ``vllm_lora_sync`` only the
+adapter, see ``starpo_trl.vllm_lora``) and applies TRL's importance-sampling
 correction (``vllm_importance_sampling_ratio``) between vLLM's and the trainer's logprobs.
 """
 
