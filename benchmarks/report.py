@@ -120,7 +120,7 @@ def write(results: dict) -> None:
             lines.append(f"| {name} | {code} | {', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in x.items()) or '-'} |")
         lines.append("")
     else:
-        lines += ["**Not yet run**: no GPU has been available to this project's machines so far. vLLM rollouts, DeepSpeed "
-                  "ZeRO-2/3, FSDP2, QLoRA, the Colab notebook and the GPU recipes are not yet verified on GPU; this section "
+        lines += ["**Not yet run**: no GPU has been available to this project's machines so far. vLLM rollouts (and the "
+                  "adapter-only LoRA sync), DeepSpeed ZeRO-2/3, FSDP2, QLoRA, the Colab notebook and the GPU recipes are not yet verified on GPU; this section "
                   "is rewritten by `scripts/gpu_check.sh` when it runs.", ""]
     MARKDOWN.write_text("\n".join(lines))
