@@ -13,7 +13,8 @@ AdamW optimizer, learning rate and value clipping, and is initialised from the p
 With several processes the critic's gradients are averaged across them and its AdamW state is
 sharded (ZeRO stage 1, torch's ``ZeroRedundancyOptimizer``): each process keeps the moments of its
 share of the parameters, steps that share and broadcasts it, so every process ends each step with
-the same critic weights. ``save`` gathers the shards into one optimizer file.
+the same critic weights (all start from process 0's). ``save`` gathers the shards into one
+optimizer file.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class Critic(nn.Module):
         self.sharded = shard_optimizer
         if shard_optimizer:
             from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            # every process starts from process 0's critic (a LoRA adapter's random init differs per process)
+            with torch.no_grad():
+                for p in self.trainable_parameters():
+                    torch.distributed.broadcast(p.data, src=0)
 
             self.optimizer = ZeroRedundancyOptimizer(
                 self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay

@@ -3,7 +3,8 @@
 Each process holds a critic with a ZeRO-1 sharded AdamW and one with a plain AdamW, both from the
 same policy, and steps both on its own micro-batch with gradients averaged across processes. The
 sharded one must match the plain one, be identical on both processes, and save one whole
-optimizer state that a plain critic loads. Writes ``rank-N.json`` into argv[1].
+optimizer state that a plain critic loads; a critic built from different weights on each process
+starts from process 0's. Writes ``rank-N.json`` into argv[1].
 """
 
 import json
@@ -54,7 +55,13 @@ def main(out):
     step(sharded, *batches[3])
     resume_diff = max((a - b).abs().max().item() for a, b in zip(sharded.trainable_parameters(), resumed.trainable_parameters()))
     saved = torch.load(os.path.join(out, "value_model", "critic_optimizer.pt"), weights_only=True)
+    # a critic built from different weights on each process starts from process 0's everywhere
+    own = build_tiny_model(build_tiny_tokenizer(), seed=rank)
+    start, unsynced = [None] * dist.get_world_size(), [None] * dist.get_world_size()
+    dist.all_gather_object(start, weights_digest(Critic(own, "full").trainable_parameters()))
+    dist.all_gather_object(unsynced, weights_digest(Critic(own, "full", shard_optimizer=False).trainable_parameters()))
     result = {
+        "start_digests": start, "unsynced_digests": unsynced,
         "sharded": sharded.sharded, "num_params": len(sharded.trainable_parameters()), "local_state": local_state,
         "saved_state": len(saved["state"]), "max_diff": max_diff, "resume_diff": resume_diff, "digests": digests,
         "moved": any(p.abs().sum().item() > 0 for p in sharded.head.parameters()),

@@ -175,6 +175,9 @@ def test_sharded_critic_optimizer_matches_plain_adamw_across_two_processes(tmp_p
         assert r["saved_state"] == r["num_params"]  # gathered: every parameter's moments
     assert 0 < ranks[0]["local_state"] < ranks[0]["num_params"] and ranks[0]["local_state"] + ranks[1]["local_state"] == ranks[0]["num_params"]
     assert ranks[0]["digests"][0] == ranks[0]["digests"][1] == ranks[1]["digests"][0]
+    # different initial weights per process: the sharded critic starts from process 0's (the unsharded one would not)
+    assert ranks[0]["unsynced_digests"][0] != ranks[0]["unsynced_digests"][1]
+    assert ranks[0]["start_digests"][0] == ranks[0]["start_digests"][1] == ranks[0]["unsynced_digests"][0]
 
 
 def test_full_critic_can_start_from_another_models_weights(tiny_tokenizer, policy):

@@ -95,3 +95,16 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     # the critic came back from the checkpoint: a fresh one (zero head) would predict exactly 0 at step 3
     step3 = [row for row in json.loads((out / "report.json").read_text())["log_history"] if row.get("step") == 3 and "values/std" in row]
     assert step3 and step3[-1]["values/std"] > 0
+
+
+def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
+    """The LoRA critic (a second adapter inside the DDP-wrapped policy, updated outside DDP) starts, moves and ends
+    bit-identical on both ranks."""
+    out = tmp_path / "run"
+    ranks = _launch(
+        out, 29539, "--advantage_estimator", "gae", "--critic_type", "lora", "--use_peft", "true", "--lora_r", "4",
+        "--lora_target_modules", "q_proj", "v_proj", "--critic_learning_rate", "0.003", "--max_steps", "2",
+    )
+    assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
+    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
