@@ -144,6 +144,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if args.advantage_estimator in CRITIC_ESTIMATORS:
             if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
                 raise ValueError("The critic does not support DeepSpeed ZeRO-3 yet: use ZeRO-2, or advantage_estimator='grpo'/'rloo'.")
+            if self.is_fsdp_enabled:
+                raise ValueError("The critic does not support FSDP yet: use DDP or DeepSpeed ZeRO-2, or advantage_estimator='grpo'/'rloo'.")
             policy = self.accelerator.unwrap_model(self.model)
             if isinstance(value_model, str):
                 from transformers import AutoModelForCausalLM

@@ -210,3 +210,16 @@ def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy,
     monkeypatch.setattr(trainer.critic, "update", lambda *a, **k: calls.append(1) or update(*a, **k))
     trainer.train()
     assert len(calls) == 3 * args.gradient_accumulation_steps  # 3 critic steps on each of the step's micro-batches
+
+
+def test_critic_is_refused_under_fsdp(tmp_path, tiny_tokenizer, policy, monkeypatch):
+    """FSDP needs several processes; the flag Trainer derives from the accelerator is set by hand here."""
+    original = MultiTurnStarPOTrainer.create_accelerator_and_postprocess
+
+    def fsdp_accelerator(self):
+        original(self)
+        self.is_fsdp_enabled = True
+
+    monkeypatch.setattr(MultiTurnStarPOTrainer, "create_accelerator_and_postprocess", fsdp_accelerator)
+    with pytest.raises(ValueError, match="does not support FSDP"):
+        MultiTurnStarPOTrainer(policy, make_args(tmp_path, advantage_estimator="gae"), processing_class=tiny_tokenizer)
