@@ -27,6 +27,28 @@ def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return nanstd(rewards.view(-1, group_size), dim=1)
 
 
+def between_group_share(rewards: torch.Tensor, group_size: int) -> float:
+    """Estimated share of the reward variance that lies between start states (groups), in [0, 1].
+
+    The one-way random-effects (ANOVA) estimate: ``s_b = max(0, (MSB - MSW) / G)``, ``s_w = MSW``,
+    share ``s_b / (s_b + s_w)``, which corrects the spread of group means for their sampling noise.
+    A critic that knows the start state, and nothing after it, explains about this share of the
+    return variance (gamma = lambda = 1, trajectory reward); an ideal one at least that. Groups with
+    a failed episode (NaN) are left out; NaN when fewer than two groups remain or all rewards are equal.
+    """
+    r = rewards.view(-1, group_size).double()
+    r = r[~torch.isnan(r).any(dim=1)]
+    k = len(r)
+    if k < 2:
+        return float("nan")
+    means = r.mean(dim=1)
+    msb = group_size * ((means - means.mean()) ** 2).sum() / (k - 1)
+    msw = ((r - means[:, None]) ** 2).sum() / (k * (group_size - 1))
+    between = torch.clamp((msb - msw) / group_size, min=0.0)
+    total = between + msw
+    return float("nan") if total == 0 else float(between / total)
+
+
 def num_kept_groups(num_groups: int, ratio: float) -> int:
     """How many groups a keep-ratio keeps: ``ceil(ratio * num_groups)`` (at least one for ratio > 0)."""
     return min(num_groups, max(1, math.ceil(ratio * num_groups - 1e-9)))

@@ -82,8 +82,9 @@ class StarPOConfig(GRPOConfig):
             adapter on the policy's base; needs PEFT).
         critic_learning_rate (`float`, 1e-5), value_clip (`float`, 0.5), critic_warmup_steps (`int`,
             0: steps that train only the critic).
-        critic_epochs (`int`, 1): value-regression steps the critic takes on each micro-batch (the
-            policy takes one; `num_iterations` repeats both).
+        critic_epochs (`int`, 1): passes of the critic over each rollout batch (PPO's value
+            epochs), each in a new random order and split into `steps_per_generation` micro-batches;
+            they run before the policy's update, whatever `num_iterations` is.
         loss_aggregation (`str` or `None`): `token-mean` (TRL `dapo`), `seq-mean-token-mean`
             (TRL `grpo`: every trajectory weighs the same) or `seq-mean-token-sum` (TRL `luspo`);
             sets `loss_type`. `None` keeps `loss_type` as given.
@@ -156,7 +157,7 @@ class StarPOConfig(GRPOConfig):
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_clip: float | None = field(default=0.5, metadata={"help": "Value clipping range (None: no clipping)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "First steps train only the critic."})
-    critic_epochs: int = field(default=1, metadata={"help": "Critic steps on each micro-batch."})
+    critic_epochs: int = field(default=1, metadata={"help": "Critic passes over each rollout batch, in shuffled micro-batches."})
     loss_aggregation: str | None = field(default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."})
 
     collapse_guard: str = field(default="warn", metadata={"help": "off, warn, stop or rollback."})

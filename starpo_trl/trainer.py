@@ -10,9 +10,9 @@ Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
+import math
 import os
+from contextlib import nullcontext
 
 import torch
 from datasets import Dataset
@@ -23,6 +23,7 @@ from trl.trainer.utils import pad, use_adapter
 from accelerate.utils import gather_object
 
 from starpo_trl.advantages import (
+    between_group_share,
     bilevel_gae,
     expand_groups,
     group_std,
@@ -244,6 +245,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             advantages = self._critic_advantages(
                 kept, rewards[keep], kept_rewards, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
             )
+            if mode == "train":
+                self._train_critic(input_ids, attention_mask, logits_to_keep, batch["old_values"], batch["returns"], loss_mask)
         batch["advantages"] = advantages
         with torch.no_grad():
             generate_every = args.steps_per_generation * self.num_iterations
@@ -310,23 +313,32 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self._metrics[mode]["advantages/min"].append(advantages[m].min().item() if m.any() else 0.0)
         return advantages
 
-    # -- the critic's update rides on the policy's micro-batches ------------------------------------------
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.critic is not None and self.model.training and "returns" in inputs:
-            input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            mask = inputs["completion_mask"] * inputs["tool_mask"]
-            for _ in range(self.args.critic_epochs):  # each epoch's stats are logged (averaged by the logger)
+    # -- the critic learns on the whole rollout batch, PPO-style -------------------------------------------
+    def _train_critic(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask):
+        """``critic_epochs`` passes over this process's rows, each in a new random order, split into the
+        same number of micro-batches as the policy's (``steps_per_generation``). Runs once per rollout
+        batch, before the policy's update; the advantages already hold the values from before it."""
+        args: StarPOConfig = self.args
+        n = len(input_ids)
+        if n == 0:
+            return
+        chunks = min(args.steps_per_generation, n)
+        # the same order on every process (each has the same number of rows), a new one every step and epoch
+        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + self.state.global_step)
+        for _ in range(args.critic_epochs):
+            for rows in torch.randperm(n, generator=generator).to(input_ids.device).chunk(chunks):
                 stats = self.critic.update(
-                    input_ids, attention_mask, inputs["completion_ids"].size(1), inputs["old_values"], inputs["returns"], mask,
-                    self.args.max_grad_norm, reduce=self._reduce_grads,
+                    input_ids[rows], attention_mask[rows], logits_to_keep, old_values[rows], returns[rows], mask[rows],
+                    args.max_grad_norm, reduce=self._reduce_grads,
                 )
-                for key, value in stats.items():
+                for key, value in stats.items():  # averaged by the logger
                     self._metrics["train"][f"critic/{key}"].append(value)
-            if self.state.global_step < self.args.critic_warmup_steps:
-                # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
-                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-                return loss * 0.0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.critic is not None and self.model.training and self.state.global_step < self.args.critic_warmup_steps:
+            # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return loss * 0.0
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _reduce_grads(self, params):
@@ -383,6 +395,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self._previous_thinks = [t for t in thinks if t]
             if self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None:
                 self._metrics[mode]["reasoning/shaping_reward"].append(sum(ep.shaping_reward for ep in episodes) / len(episodes))
+        share = between_group_share(rewards, group)  # how much of the return variance a critic could explain from the start state
+        if not math.isnan(share):
+            self._metrics[mode][f"env/{name}/reward_between_group_share"].append(share)
         self._metrics[mode]["env/errors"].append(float(sum(ep.env_error is not None for ep in episodes)))
         self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
         self._metrics[mode]["reward_std"].append(nanstd(rewards, dim=0).item())

@@ -1,7 +1,9 @@
+import math
+
 import pytest
 import torch
 
-from starpo_trl.advantages import expand_groups, grpo_advantages, num_kept_groups, select_groups
+from starpo_trl.advantages import between_group_share, expand_groups, grpo_advantages, num_kept_groups, select_groups
 
 
 def test_filter_keeps_exactly_the_largest_std_groups_by_hand():
@@ -110,3 +112,19 @@ def test_rloo_and_reward_normalisation_by_hand():
     assert torch.equal(normalize_rewards(rewards, 3, "identity"), rewards)
     batch = normalize_rewards(torch.tensor([0.0, 10.0]), 2, "asym_clip", scope="batch", clip=0.5)
     assert batch.tolist() == [-0.5, pytest.approx(10 / 2 / (50**0.5 + 1e-6))]
+
+
+def test_between_group_share_by_hand():
+    # groups [1, 1, 0] and [0, 0, 0]: means 2/3 and 0, grand mean 1/3
+    # MSB = 3 * 2 * (1/3)^2 / 1 = 2/3; MSW = (2 * (1/3)^2 + (2/3)^2 + 0) / (2 * 2) = 1/6
+    # between = (2/3 - 1/6) / 3 = 1/6; share = (1/6) / (1/6 + 1/6) = 1/2
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0, 0, 0]), 3) == pytest.approx(0.5)
+    # all the variance between groups / all within groups (the group means' spread is only noise)
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0]), 2) == pytest.approx(1.0)
+    assert between_group_share(torch.tensor([1.0, 0, 1, 0]), 2) == 0.0
+    # groups [1, 0, 0] and [1, 1, 0]: MSB = 1/6 < MSW = 1/3, so the estimate clamps to 0
+    assert between_group_share(torch.tensor([1.0, 0, 0, 1, 1, 0]), 3) == 0.0
+    # a group with a failed (NaN) episode is left out; one group left, or no variance: NaN
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0, float("nan"), 1]), 2) == pytest.approx(1.0)
+    assert math.isnan(between_group_share(torch.tensor([1.0, float("nan"), 0, 1]), 2))
+    assert math.isnan(between_group_share(torch.ones(6), 3))

@@ -207,9 +207,16 @@ def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy,
     assert torch.equal(trainer.critic.backbone.embed_tokens.weight, other.model.embed_tokens.weight)
     calls = []
     update = trainer.critic.update
-    monkeypatch.setattr(trainer.critic, "update", lambda *a, **k: calls.append(1) or update(*a, **k))
+    monkeypatch.setattr(trainer.critic, "update", lambda ids, *a, **k: calls.append(ids.clone()) or update(ids, *a, **k))
     trainer.train()
-    assert len(calls) == 3 * args.gradient_accumulation_steps  # 3 critic steps on each of the step's micro-batches
+    # 3 passes over the rollout batch, each split into steps_per_generation micro-batches of equal size
+    assert len(calls) == 3 * args.steps_per_generation
+    rows = args.per_device_train_batch_size * args.steps_per_generation
+    assert all(len(c) == args.per_device_train_batch_size for c in calls)
+    epochs = [torch.cat(calls[i : i + args.steps_per_generation]) for i in range(0, len(calls), args.steps_per_generation)]
+    for epoch in epochs:  # every pass sees every row once: the same rows, as a set, as the first pass
+        assert len(epoch) == rows
+        assert sorted(map(tuple, epoch.tolist())) == sorted(map(tuple, epochs[0].tolist()))
 
 
 def test_critic_is_refused_under_fsdp(tmp_path, tiny_tokenizer, policy, monkeypatch):
