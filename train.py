@@ -81,6 +81,12 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             f"critic_init={run_args.critic_init!r} sets the weights of a full critic: use it with critic_type=full and "
             f"advantage_estimator in {sorted(CRITIC_ESTIMATORS)}, or leave critic_init=policy."
         )
+    if run_args.warm_start_episodes > 0 and (args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
+        raise ValueError(
+            "The warm start (SFT before RL, for the CPU demos) cannot run under DeepSpeed: a second DeepSpeed Accelerator "
+            "cannot be created in one process. Set warm_start_episodes=0, or warm-start separately (e.g. with TRL's SFT "
+            "script) and pass that model as model_name_or_path."
+        )
     model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code)
     value_model = None if run_args.critic_init == "policy" else run_args.critic_init
     if run_args.critic_init == "pre_warm_start":
@@ -122,6 +128,10 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         acc = trainer.accelerator
         summary = {"process_index": acc.process_index, "num_processes": acc.num_processes, "kept_groups": trainer.kept_group_history,
                    "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)), "global_step": trainer.state.global_step,
+                   # parameters of the critic, and the share this process holds (half each on 2 processes under ZeRO-3)
+                   "critic_numel": None if trainer.critic is None else sum(getattr(p, "ds_numel", p.numel()) for p in trainer.critic.trainable_parameters()),
+                   "critic_local_numel": None if trainer.critic is None else sum(
+                       p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in trainer.critic.trainable_parameters()),
                    "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
                    "critic_initial_sha256": critic_initial}
         os.makedirs(args.output_dir, exist_ok=True)

@@ -15,18 +15,27 @@ sharded (ZeRO stage 1, torch's ``ZeroRedundancyOptimizer``): each process keeps 
 share of the parameters, steps that share and broadcasts it, so every process ends each step with
 the same critic weights (all start from process 0's). ``save`` gathers the shards into one
 optimizer file.
+
+Under DeepSpeed (``deepspeed_config``, full critic) the critic is sharded like the policy: it gets
+its own DeepSpeed engine with the policy's ZeRO stage, offload and precision (ZeRO-2: gradients and
+optimizer state sharded; ZeRO-3: weights too), its own AdamW and learning rate, and one optimizer
+step per micro-batch. ``save`` then writes the gathered weights plus DeepSpeed's sharded checkpoint
+(``engine/``), which ``load`` restores on the same number of processes.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
 
 CRITIC_ADAPTER = "critic"
+
+
+ENGINE_TAG = "engine"  # DeepSpeed checkpoint folder inside the critic's directory
 
 
 def _decoder(model):
@@ -35,10 +44,50 @@ def _decoder(model):
     return getattr(model, model.base_model_prefix)
 
 
+def _is_partitioned(params) -> bool:
+    """True for DeepSpeed ZeRO-3 parameters (each process holds only a shard)."""
+    return any(hasattr(p, "ds_id") for p in params)
+
+
+def _copy_decoder(decoder) -> nn.Module:
+    """A full, independent copy of ``decoder``; one that ZeRO-3 partitioned (loaded under
+    ``zero3_init_flag``) is gathered first and rebuilt from its config and weights."""
+    if not _is_partitioned(decoder.parameters()):
+        return copy.deepcopy(decoder)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(decoder.parameters()), modifier_rank=None):
+        state = {k: v.detach().clone() for k, v in decoder.state_dict().items()}
+    copied = type(decoder)(decoder.config)
+    copied.load_state_dict(state)
+    return copied.to(next(iter(state.values())).dtype)
+
+
+def deepspeed_critic_config(policy_config: dict, micro_batch_size: int, max_grad_norm: float, bf16: bool, fp16: bool) -> dict:
+    """The critic engine's DeepSpeed config: the policy's ZeRO stage and offload settings (unresolved
+    ``"auto"`` entries dropped), the run's precision, the trainer's gradient clipping, and one optimizer
+    step per micro-batch with the critic's own (torch) AdamW."""
+
+    def resolved(d):
+        return {k: resolved(v) if isinstance(v, dict) else v for k, v in d.items() if v != "auto"}
+
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": max_grad_norm,
+        "zero_optimization": resolved(policy_config.get("zero_optimization", {})),
+        "zero_allow_untested_optimizer": True,  # torch's AdamW, with the critic's learning rate
+        "zero_force_ds_cpu_optimizer": False,  # also with the optimizer offloaded to the CPU
+        "bf16": {"enabled": bool(bf16)},
+        "fp16": {"enabled": bool(fp16)},
+        "steps_per_print": 2**31 - 1,
+    }
+
+
 class Critic(nn.Module):
     def __init__(
         self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01,
-        shard_optimizer: bool | None = None, init_from=None,
+        shard_optimizer: bool | None = None, init_from=None, deepspeed_config: dict | None = None,
     ):
         super().__init__()
         if critic_type not in ("full", "lora"):
@@ -49,8 +98,10 @@ class Critic(nn.Module):
             raise ValueError("A separate value model (value_model) needs critic_type='full': the LoRA critic shares the policy's base.")
         source = policy if init_from is None else init_from  # any causal LM with the policy's tokenizer
         hidden = source.config.get_text_config().hidden_size
+        if deepspeed_config is not None and critic_type != "full":
+            raise ValueError("A DeepSpeed critic engine needs critic_type='full': the LoRA critic's adapter lives in the policy's engine.")
         if critic_type == "full":
-            self.backbone = copy.deepcopy(_decoder(source))
+            self.backbone = _copy_decoder(_decoder(source))
             self.backbone.requires_grad_(True)
             self.policy = None
         else:
@@ -66,6 +117,16 @@ class Critic(nn.Module):
         self.head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
+        self._engine = ()  # a tuple keeps the engine (which holds this module) out of its submodules
+        if deepspeed_config is not None:
+            import deepspeed
+
+            optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+            # deepspeed.initialize broadcasts process 0's weights, then shards as the config says
+            engine, self.optimizer, _, _ = deepspeed.initialize(model=self, optimizer=optimizer, config=deepspeed_config)
+            self._engine = (engine,)
+            self.sharded = False
+            return
         if shard_optimizer is None:  # shard whenever several processes train together
             shard_optimizer = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         self.sharded = shard_optimizer
@@ -82,6 +143,20 @@ class Critic(nn.Module):
             )
         else:
             self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+
+    @property
+    def engine(self):
+        """The critic's DeepSpeed engine, or None."""
+        return self._engine[0] if self._engine else None
+
+    def gathered(self):
+        """Inside, ``trainable_parameters()`` hold their full values also under ZeRO-3 (read-only)."""
+        params = self.trainable_parameters()
+        if not _is_partitioned(params):
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         params = list(self.head.parameters())
@@ -107,19 +182,37 @@ class Critic(nn.Module):
         """Values at the completion positions. (B, L) -> (B, logits_to_keep), float32. Call inside ``active()``."""
         decoder = self.backbone if self.backbone is not None else _decoder(self.policy[0])
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, -logits_to_keep - 1 : -1]
-        return self.head(hidden.float()).squeeze(-1)
+        # float32 head (DeepSpeed casts it to the run's precision: the values are returned as float32)
+        return self.head(hidden.to(self.head.weight.dtype)).float().squeeze(-1)
+
+    def _forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
+        model = self.engine if self.engine is not None else self
+        return model(input_ids, attention_mask, logits_to_keep)
 
     @torch.no_grad()
     def values(self, input_ids, attention_mask, logits_to_keep: int, batch_size: int) -> torch.Tensor:
+        """Every process must call this with the same number of rows under ZeRO-3 (collective gathers)."""
         with self.active():
-            chunks = [self(input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep) for i in range(0, len(input_ids), batch_size)]
+            chunks = [
+                self._forward(input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep)
+                for i in range(0, len(input_ids), batch_size)
+            ]
         return torch.cat(chunks)
 
     def update(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm: float = 1.0, reduce=None) -> dict:
         """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction.
 
-        ``reduce(params)``, if given, averages gradients across processes before clipping.
+        ``reduce(params)``, if given, averages gradients across processes before clipping (a DeepSpeed
+        engine averages them itself and clips at its ``gradient_clipping``).
         """
+        if self.engine is not None:
+            values = self.engine(input_ids, attention_mask, logits_to_keep)
+            loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
+            self.engine.backward(loss)
+            self.engine.step()
+            grad_norm = self.engine.get_global_grad_norm()
+            grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+            return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": grad_norm}
         with self.active():
             values = self(input_ids, attention_mask, logits_to_keep)
             loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
@@ -137,17 +230,24 @@ class Critic(nn.Module):
     def save(self, directory: str, write: bool = True) -> None:
         """Weights as safetensors (``critic.safetensors``), optimizer state beside them, as Trainer does.
 
-        With a sharded optimizer every process must call this (gathering the shards is collective);
-        only those with ``write=True`` write files."""
+        With a sharded optimizer or a DeepSpeed engine every process must call this (gathering is
+        collective); only those with ``write=True`` write the weights. Under DeepSpeed the optimizer
+        state is DeepSpeed's sharded checkpoint in ``engine/`` (each process writes its shard)."""
         from safetensors.torch import save_file
 
-        optimizer_state = self._gathered_optimizer_state(write) if self.sharded else self.optimizer.state_dict()
-        if not write:
-            return
-        os.makedirs(directory, exist_ok=True)
-        tensors = {f"{i:05d}": p.detach().cpu().contiguous() for i, p in enumerate(self.trainable_parameters())}
-        save_file(tensors, os.path.join(directory, "critic.safetensors"))
-        torch.save(optimizer_state, os.path.join(directory, "critic_optimizer.pt"))  # whole, also when sharded
+        if self.engine is not None:
+            optimizer_state = None
+        else:
+            optimizer_state = self._gathered_optimizer_state(write) if self.sharded else self.optimizer.state_dict()
+        with self.gathered():
+            tensors = {f"{i:05d}": p.detach().cpu().clone().contiguous() for i, p in enumerate(self.trainable_parameters())} if write else None
+        if write:
+            os.makedirs(directory, exist_ok=True)
+            save_file(tensors, os.path.join(directory, "critic.safetensors"))
+        if self.engine is not None:
+            self.engine.save_checkpoint(directory, tag=ENGINE_TAG)
+        elif write:
+            torch.save(optimizer_state, os.path.join(directory, "critic_optimizer.pt"))  # whole, also when sharded
 
     def _gathered_optimizer_state(self, write: bool) -> dict | None:
         """The whole optimizer state on every process that writes (one per node with save_on_each_node)."""
@@ -164,7 +264,19 @@ class Critic(nn.Module):
         return state
 
     def load(self, directory: str) -> None:
+        """Restore weights and optimizer state saved by ``save`` (under DeepSpeed: on every process,
+        from a checkpoint written under DeepSpeed with the same number of processes)."""
         from safetensors.torch import load_file
+
+        saved_by_engine = os.path.isdir(os.path.join(directory, ENGINE_TAG))
+        if self.engine is not None or saved_by_engine:
+            if self.engine is None or not saved_by_engine:
+                raise ValueError(
+                    f"{directory} was saved {'under' if saved_by_engine else 'without'} DeepSpeed and this critic runs "
+                    f"{'without' if saved_by_engine else 'under'} it: resume with the same launcher config as the run that saved it."
+                )
+            self.engine.load_checkpoint(directory, tag=ENGINE_TAG, load_lr_scheduler_states=False)
+            return
 
         tensors = load_file(os.path.join(directory, "critic.safetensors"))
         params = self.trainable_parameters()

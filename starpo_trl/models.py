@@ -67,12 +67,20 @@ def check_chat_template(tokenizer, name: str, model_args) -> None:
 def weights_digest(model) -> str:
     """SHA-256 of every parameter's bytes, in name order: equal digests mean bit-identical weights.
 
-    ``model`` is a module, or a list of tensors (hashed in list order)."""
+    ``model`` is a module, or a list of tensors (hashed in list order). DeepSpeed ZeRO-3 parameters
+    are gathered first, so every process must call it then."""
     import hashlib
+    from contextlib import nullcontext
 
     named = sorted(model.named_parameters()) if hasattr(model, "named_parameters") else [(f"{i:05d}", p) for i, p in enumerate(model)]
+    gather = nullcontext()
+    if any(hasattr(p, "ds_id") for _, p in named):
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
     digest = hashlib.sha256()
-    for name, param in named:
-        digest.update(name.encode())
-        digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    with gather:
+        for name, param in named:
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

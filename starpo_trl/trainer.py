@@ -37,7 +37,7 @@ from starpo_trl.advantages import (
     select_groups,
 )
 from starpo_trl.config import CRITIC_ESTIMATORS, StarPOConfig
-from starpo_trl.critic import Critic, explained_variance
+from starpo_trl.critic import Critic, deepspeed_critic_config, explained_variance
 from starpo_trl.diagnostics import reasoning_metrics
 from starpo_trl.evaluation import episode_metrics
 from starpo_trl.prompting import parse_reply
@@ -143,16 +143,30 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.recipe: str | None = None  # the recipe text, shown in the model card
         self.critic = None
         if args.advantage_estimator in CRITIC_ESTIMATORS:
-            if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-                raise ValueError("The critic does not support DeepSpeed ZeRO-3 yet: use ZeRO-2, or advantage_estimator='grpo'/'rloo'.")
             if self.is_fsdp_enabled:
-                raise ValueError("The critic does not support FSDP yet: use DDP or DeepSpeed ZeRO-2, or advantage_estimator='grpo'/'rloo'.")
+                raise ValueError("The critic does not support FSDP yet: use DDP or DeepSpeed (ZeRO-2/3), or advantage_estimator='grpo'/'rloo'.")
+            deepspeed_config = None
+            if self.is_deepspeed_enabled:
+                plugin = self.accelerator.state.deepspeed_plugin
+                if args.critic_type == "lora" and plugin.zero_stage == 3:
+                    raise ValueError(
+                        "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
+                        "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
+                    )
+                if args.critic_type == "full":  # its own engine: sharded as the policy is
+                    precision = self.accelerator.mixed_precision
+                    deepspeed_config = deepspeed_critic_config(
+                        plugin.deepspeed_config, args.per_device_train_batch_size, args.max_grad_norm, precision == "bf16", precision == "fp16"
+                    )
             policy = self.accelerator.unwrap_model(self.model)
             if isinstance(value_model, str):
                 from transformers import AutoModelForCausalLM
 
                 value_model = AutoModelForCausalLM.from_pretrained(value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code)
-            self.critic = Critic(policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model)
+            self.critic = Critic(
+                policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model,
+                deepspeed_config=deepspeed_config,
+            )
         elif value_model is not None:
             raise ValueError(f"value_model is only used by a critic: set advantage_estimator to one of {sorted(CRITIC_ESTIMATORS)}.")
         # Built once: it checks the chat template (prefix preservation) before any training step.
@@ -354,10 +368,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             self.critic.save(os.path.join(folder, "value_model"), write=self.args.should_save)
 
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = os.path.join(resume_from_checkpoint, "value_model")
-        if self.critic is not None and os.path.isdir(path):
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = None if checkpoint is None else os.path.join(checkpoint, "value_model")
+        if self.critic is not None and path is not None and os.path.isdir(path):
             self.critic.load(path)
 
     def save_model(self, output_dir=None, _internal_call=False):

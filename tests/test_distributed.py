@@ -13,10 +13,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 
-def _launch(out, port, *extra):
+def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", deepspeed=False):
+    # DeepSpeed on CPU processes goes through tests/deepspeed_cpu.py (accelerate starts DeepSpeed only on accelerators)
+    script = [str(ROOT / "tests/deepspeed_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"] if deepspeed else [str(ROOT / "train.py")]
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu_2proc.yaml"),
-        "--main_process_port", str(port), str(ROOT / "train.py"), "--config", str(ROOT / "recipes/demo-cpu-bandit.yaml"),
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+        "--main_process_port", str(port), *script, "--config", str(ROOT / "recipes/demo-cpu-bandit.yaml"),
         "--warm_start_episodes", "600", "--warm_start_epochs", "1", "--warm_start_noise", "0.5",
         "--num_start_states", "4", "--num_generations", "4", "--per_device_train_batch_size", "2",
         "--gradient_accumulation_steps", "4", "--rollout_filter_ratio", "0.5", "--temperature", "1.5", "--learning_rate", "0.001",
@@ -97,3 +99,46 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
     assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
     assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+
+
+def _zero_config(tmp_path, stage):
+    """The shipped DeepSpeed config of that stage, on 2 CPU processes in full precision."""
+    config = yaml.safe_load((ROOT / f"accelerate_configs/zero{stage}.yaml").read_text())
+    config.update(num_processes=2, mixed_precision="no", main_process_ip="127.0.0.1")
+    path = tmp_path / f"zero{stage}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
+    """GAE under DeepSpeed ZeRO-3 (the shipped zero3.yaml, 2 CPU processes): the critic gets its own ZeRO-3
+    engine, each process holds half of its weights, ranks agree, the checkpoint holds the whole critic plus
+    each process's optimizer shard, and a resumed run restores that critic exactly."""
+    from safetensors.torch import load_file
+
+    from starpo_trl.models import weights_digest
+
+    out = tmp_path / "run"
+    config = _zero_config(tmp_path, 3)
+    critic = ["--advantage_estimator", "gae", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "1",
+              "--warm_start_episodes", "0"]  # no warm start under DeepSpeed (train.py refuses it)
+    ranks = _launch(out, 29543, *critic, "--max_steps", "2", config=config, deepspeed=True)
+    assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
+    total = ranks[0]["critic_numel"]
+    for r in ranks:  # half each (+ padding of the partitions)
+        assert total / 2 <= r["critic_local_numel"] <= total / 2 + 256
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]  # gathered from the ZeRO-3 shards
+    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
+    history = json.loads((out / "report.json").read_text())["log_history"]
+    assert any(row.get("critic/value_grad_norm", 0) > 0 for row in history)
+    saved = out / "checkpoint-1" / "value_model"
+    shards = sorted(p.name for p in (saved / "engine").iterdir() if "optim_states" in p.name)
+    assert len(shards) == 2, shards  # one optimizer shard per process
+    at_step1 = weights_digest([t for _, t in sorted(load_file(saved / "critic.safetensors").items())])
+    assert at_step1 not in (ranks[0]["critic_initial_sha256"], ranks[0]["critic_sha256"])
+    # resume from step 1 (policy, critic and its optimizer shards, RNG states): step 2 again, bit for bit
+    resumed = _launch(tmp_path / "resumed", 29545, *critic, "--max_steps", "2", "--resume_from_checkpoint", str(out / "checkpoint-1"),
+                      config=config, deepspeed=True)
+    assert resumed[0]["critic_initial_sha256"] != at_step1  # before resuming: a fresh critic
+    assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] == ranks[0]["critic_sha256"]
+    assert resumed[0]["weights_sha256"] == ranks[0]["weights_sha256"]

@@ -102,3 +102,20 @@ def test_colab_notebook_is_valid_and_installs_like_the_readme():
         if cell["cell_type"] == "code":
             python = "\n".join(line for line in "".join(cell["source"]).splitlines() if not line.startswith(("!", "%")))
             compile(python, "cell", "exec")  # every Python line of every cell parses
+
+
+def test_warm_start_under_deepspeed_fails_before_the_model_loads(tmp_path, monkeypatch):
+    from trl import ModelConfig, TrlParser
+
+    import train
+    from starpo_trl import StarPOConfig
+    from starpo_trl.models import TinyModelArguments
+
+    parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    config = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
+    run_args, args, model_args, tiny_args = parser.parse_dict({**config, "output_dir": str(tmp_path)})
+    assert run_args.warm_start_episodes > 0
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` with a DeepSpeed config sets it
+    monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="warm_start_episodes=0"):
+        train.main(run_args, args, model_args, tiny_args)
