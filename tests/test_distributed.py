@@ -142,3 +142,18 @@ def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
     assert resumed[0]["critic_initial_sha256"] != at_step1  # before resuming: a fresh critic
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] == ranks[0]["critic_sha256"]
     assert resumed[0]["weights_sha256"] == ranks[0]["weights_sha256"]
+
+
+def test_zero2_trains_a_lora_critic_in_step(tmp_path):
+    """Under the shipped zero2.yaml the LoRA critic (a second adapter inside the policy's DeepSpeed engine,
+    with its own sharded AdamW) starts, moves and ends bit-identical on both ranks."""
+    out = tmp_path / "run"
+    ranks = _launch(
+        out, 29547, "--advantage_estimator", "gae", "--critic_type", "lora", "--use_peft", "true", "--lora_r", "4",
+        "--lora_target_modules", "q_proj", "v_proj", "--critic_learning_rate", "0.003", "--max_steps", "2", "--warm_start_episodes", "0",
+        config=_zero_config(tmp_path, 2), deepspeed=True,
+    )
+    assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
+    assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
+    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
