@@ -131,7 +131,8 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
                    # parameters of the critic, and the share this process holds (half each on 2 processes under ZeRO-3)
                    "critic_numel": None if trainer.critic is None else sum(getattr(p, "ds_numel", p.numel()) for p in trainer.critic.trainable_parameters()),
                    "critic_local_numel": None if trainer.critic is None else sum(
-                       p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in trainer.critic.trainable_parameters()),
+                       p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                       for p in trainer.critic.trainable_parameters()),
                    "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
                    "critic_initial_sha256": critic_initial}
         os.makedirs(args.output_dir, exist_ok=True)

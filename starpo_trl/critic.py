@@ -21,6 +21,11 @@ its own DeepSpeed engine with the policy's ZeRO stage, offload and precision (Ze
 optimizer state sharded; ZeRO-3: weights too), its own AdamW and learning rate, and one optimizer
 step per micro-batch. ``save`` then writes the gathered weights plus DeepSpeed's sharded checkpoint
 (``engine/``), which ``load`` restores on the same number of processes.
+
+Under FSDP2 (``fsdp_accelerator``, full critic) Accelerate shards the critic exactly as it shards
+the policy (``fsdp2_prepare_model``: same wrap policy, offload and mixed precision); weights,
+gradients and AdamW state are sharded, gradients averaged by FSDP. ``save`` gathers weights and
+optimizer state into the same files as an unsharded critic, so either resumes the other.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def deepspeed_critic_config(policy_config: dict, micro_batch_size: int, max_grad
 class Critic(nn.Module):
     def __init__(
         self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01,
-        shard_optimizer: bool | None = None, init_from=None, deepspeed_config: dict | None = None,
+        shard_optimizer: bool | None = None, init_from=None, deepspeed_config: dict | None = None, fsdp_accelerator=None,
     ):
         super().__init__()
         if critic_type not in ("full", "lora"):
@@ -98,8 +103,8 @@ class Critic(nn.Module):
             raise ValueError("A separate value model (value_model) needs critic_type='full': the LoRA critic shares the policy's base.")
         source = policy if init_from is None else init_from  # any causal LM with the policy's tokenizer
         hidden = source.config.get_text_config().hidden_size
-        if deepspeed_config is not None and critic_type != "full":
-            raise ValueError("A DeepSpeed critic engine needs critic_type='full': the LoRA critic's adapter lives in the policy's engine.")
+        if (deepspeed_config is not None or fsdp_accelerator is not None) and critic_type != "full":
+            raise ValueError("A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy.")
         if critic_type == "full":
             self.backbone = _copy_decoder(_decoder(source))
             self.backbone.requires_grad_(True)
@@ -118,6 +123,17 @@ class Critic(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         self._engine = ()  # a tuple keeps the engine (which holds this module) out of its submodules
+        self.fsdp = fsdp_accelerator is not None
+        if self.fsdp:
+            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+            if fsdp_accelerator.state.fsdp_plugin.fsdp_version != 2:
+                raise ValueError("The critic is sharded with FSDP2 only: set fsdp_version: 2 in the accelerate config.")
+            self._no_split_modules = list(getattr(source, "_no_split_modules", None) or [])  # the layers to wrap
+            fsdp2_prepare_model(fsdp_accelerator, self)  # in place; process 0's weights everywhere
+            self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+            self.sharded = False
+            return
         if deepspeed_config is not None:
             import deepspeed
 
@@ -149,8 +165,13 @@ class Critic(nn.Module):
         """The critic's DeepSpeed engine, or None."""
         return self._engine[0] if self._engine else None
 
+    def full_parameters(self) -> list[torch.Tensor]:
+        """Whole copies of ``trainable_parameters()``, also when ZeRO-3 or FSDP shard them (collective then)."""
+        with self.gathered():
+            return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in self.trainable_parameters()]
+
     def gathered(self):
-        """Inside, ``trainable_parameters()`` hold their full values also under ZeRO-3 (read-only)."""
+        """Inside, ``trainable_parameters()`` hold their full values under ZeRO-3 (read-only)."""
         params = self.trainable_parameters()
         if not _is_partitioned(params):
             return nullcontext()
@@ -202,8 +223,8 @@ class Critic(nn.Module):
     def update(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm: float = 1.0, reduce=None) -> dict:
         """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction.
 
-        ``reduce(params)``, if given, averages gradients across processes before clipping (a DeepSpeed
-        engine averages them itself and clips at its ``gradient_clipping``).
+        ``reduce(params)``, if given, averages gradients across processes before clipping (FSDP and a
+        DeepSpeed engine average them themselves; the engine clips at its ``gradient_clipping``).
         """
         if self.engine is not None:
             values = self.engine(input_ids, attention_mask, logits_to_keep)
@@ -218,9 +239,11 @@ class Critic(nn.Module):
             loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if reduce is not None:
+            if reduce is not None and not self.fsdp:  # FSDP has averaged them already
                 reduce(self.trainable_parameters())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP: the norm over every process's shard
+                grad_norm = grad_norm.full_tensor()
             self.optimizer.step()
             # the LoRA critic's parameters live in the policy: leave no gradient for its clipping to see
             self.optimizer.zero_grad(set_to_none=True)
@@ -237,10 +260,11 @@ class Critic(nn.Module):
 
         if self.engine is not None:
             optimizer_state = None
+        elif self.fsdp:
+            optimizer_state = self._fsdp_optimizer_state()
         else:
             optimizer_state = self._gathered_optimizer_state(write) if self.sharded else self.optimizer.state_dict()
-        with self.gathered():
-            tensors = {f"{i:05d}": p.detach().cpu().clone().contiguous() for i, p in enumerate(self.trainable_parameters())} if write else None
+        tensors = {f"{i:05d}": p.detach().cpu().contiguous() for i, p in enumerate(self.full_parameters())}
         if write:
             os.makedirs(directory, exist_ok=True)
             save_file(tensors, os.path.join(directory, "critic.safetensors"))
@@ -248,6 +272,20 @@ class Critic(nn.Module):
             self.engine.save_checkpoint(directory, tag=ENGINE_TAG)
         elif write:
             torch.save(optimizer_state, os.path.join(directory, "critic_optimizer.pt"))  # whole, also when sharded
+
+    def _parameter_names(self) -> list[str]:
+        names = {id(p): n for n, p in self.named_parameters()}
+        return [names[id(p)] for p in self.trainable_parameters()]
+
+    def _fsdp_optimizer_state(self) -> dict:
+        """FSDP: the whole AdamW state on every process, in an unsharded optimizer's layout (indices, not names)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(self, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        index = {name: i for i, name in enumerate(self._parameter_names())}
+        state = {index[n]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for n, s in full["state"].items()}
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]
+        return {"state": state, "param_groups": groups}
 
     def _gathered_optimizer_state(self, write: bool) -> dict | None:
         """The whole optimizer state on every process that writes (one per node with save_on_each_node)."""
@@ -282,10 +320,23 @@ class Critic(nn.Module):
         params = self.trainable_parameters()
         if len(tensors) != len(params):
             raise ValueError(f"{directory} holds {len(tensors)} critic tensors, this critic has {len(params)}: was it saved with another critic_type?")
+        optimizer_state = torch.load(os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True)
+        if self.fsdp:  # whole tensors in, each process keeps its shard
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+            names = self._parameter_names()
+            options = StateDictOptions(full_state_dict=True, strict=False)
+            set_model_state_dict(self, {n: tensors[f"{i:05d}"] for i, n in enumerate(names)}, options=options)
+            optimizer_state = {
+                "state": {names[i]: s for i, s in optimizer_state["state"].items()},
+                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]],
+            }
+            set_optimizer_state_dict(self, self.optimizer, optimizer_state, options=options)
+            return
         with torch.no_grad():
             for i, p in enumerate(params):
                 p.copy_(tensors[f"{i:05d}"].to(p.device, p.dtype))
-        self.optimizer.load_state_dict(torch.load(os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True))
+        self.optimizer.load_state_dict(optimizer_state)
 
 
 def value_loss(values, old_values, returns, mask, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,8 +67,8 @@ def check_chat_template(tokenizer, name: str, model_args) -> None:
 def weights_digest(model) -> str:
     """SHA-256 of every parameter's bytes, in name order: equal digests mean bit-identical weights.
 
-    ``model`` is a module, or a list of tensors (hashed in list order). DeepSpeed ZeRO-3 parameters
-    are gathered first, so every process must call it then."""
+    ``model`` is a module, or a list of tensors (hashed in list order). DeepSpeed ZeRO-3 and FSDP
+    parameters are gathered first, so every process must call it then."""
     import hashlib
     from contextlib import nullcontext
 
@@ -81,6 +81,7 @@ def weights_digest(model) -> str:
     digest = hashlib.sha256()
     with gather:
         for name, param in named:
+            whole = param.full_tensor() if hasattr(param, "full_tensor") else param  # FSDP's DTensor: all shards
             digest.update(name.encode())
-            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+            digest.update(whole.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

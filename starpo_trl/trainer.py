@@ -143,9 +143,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.recipe: str | None = None  # the recipe text, shown in the model card
         self.critic = None
         if args.advantage_estimator in CRITIC_ESTIMATORS:
+            deepspeed_config = fsdp_accelerator = None
             if self.is_fsdp_enabled:
-                raise ValueError("The critic does not support FSDP yet: use DDP or DeepSpeed (ZeRO-2/3), or advantage_estimator='grpo'/'rloo'.")
-            deepspeed_config = None
+                if args.critic_type == "lora":
+                    raise ValueError(
+                        "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
+                        "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
+                    )
+                fsdp_accelerator = self.accelerator
             if self.is_deepspeed_enabled:
                 plugin = self.accelerator.state.deepspeed_plugin
                 if args.critic_type == "lora" and plugin.zero_stage == 3:
@@ -165,7 +170,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 value_model = AutoModelForCausalLM.from_pretrained(value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code)
             self.critic = Critic(
                 policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model,
-                deepspeed_config=deepspeed_config,
+                deepspeed_config=deepspeed_config, fsdp_accelerator=fsdp_accelerator,
             )
         elif value_model is not None:
             raise ValueError(f"value_model is only used by a critic: set advantage_estimator to one of {sorted(CRITIC_ESTIMATORS)}.")

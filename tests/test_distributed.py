@@ -13,9 +13,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 
-def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", deepspeed=False):
-    # DeepSpeed on CPU processes goes through tests/deepspeed_cpu.py (accelerate starts DeepSpeed only on accelerators)
-    script = [str(ROOT / "tests/deepspeed_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"] if deepspeed else [str(ROOT / "train.py")]
+def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
+    # DeepSpeed and FSDP on CPU processes go through tests/sharded_cpu.py (accelerate starts them only on accelerators)
+    script = [str(ROOT / "tests/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"] if sharded else [str(ROOT / "train.py")]
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
         "--main_process_port", str(port), *script, "--config", str(ROOT / "recipes/demo-cpu-bandit.yaml"),
@@ -101,13 +101,17 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
 
 
-def _zero_config(tmp_path, stage):
-    """The shipped DeepSpeed config of that stage, on 2 CPU processes in full precision."""
-    config = yaml.safe_load((ROOT / f"accelerate_configs/zero{stage}.yaml").read_text())
+def _cpu_config(tmp_path, name):
+    """A shipped accelerate config on 2 CPU processes in full precision."""
+    config = yaml.safe_load((ROOT / f"accelerate_configs/{name}.yaml").read_text())
     config.update(num_processes=2, mixed_precision="no", main_process_ip="127.0.0.1")
-    path = tmp_path / f"zero{stage}.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def _zero_config(tmp_path, stage):
+    return _cpu_config(tmp_path, f"zero{stage}")
 
 
 def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
@@ -122,7 +126,7 @@ def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
     config = _zero_config(tmp_path, 3)
     critic = ["--advantage_estimator", "gae", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "1",
               "--warm_start_episodes", "0"]  # no warm start under DeepSpeed (train.py refuses it)
-    ranks = _launch(out, 29543, *critic, "--max_steps", "2", config=config, deepspeed=True)
+    ranks = _launch(out, 29543, *critic, "--max_steps", "2", config=config, sharded=True)
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     total = ranks[0]["critic_numel"]
     for r in ranks:  # half each (+ padding of the partitions)
@@ -138,7 +142,7 @@ def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
     assert at_step1 not in (ranks[0]["critic_initial_sha256"], ranks[0]["critic_sha256"])
     # resume from step 1 (policy, critic and its optimizer shards, RNG states): step 2 again, bit for bit
     resumed = _launch(tmp_path / "resumed", 29545, *critic, "--max_steps", "2", "--resume_from_checkpoint", str(out / "checkpoint-1"),
-                      config=config, deepspeed=True)
+                      config=config, sharded=True)
     assert resumed[0]["critic_initial_sha256"] != at_step1  # before resuming: a fresh critic
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] == ranks[0]["critic_sha256"]
     assert resumed[0]["weights_sha256"] == ranks[0]["weights_sha256"]
@@ -151,9 +155,37 @@ def test_zero2_trains_a_lora_critic_in_step(tmp_path):
     ranks = _launch(
         out, 29547, "--advantage_estimator", "gae", "--critic_type", "lora", "--use_peft", "true", "--lora_r", "4",
         "--lora_target_modules", "q_proj", "v_proj", "--critic_learning_rate", "0.003", "--max_steps", "2", "--warm_start_episodes", "0",
-        config=_zero_config(tmp_path, 2), deepspeed=True,
+        config=_zero_config(tmp_path, 2), sharded=True,
     )
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
     assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+
+
+def test_fsdp2_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
+    """GAE under the shipped fsdp2.yaml (2 CPU processes): Accelerate shards the critic as it shards the policy,
+    each process holds half of it, ranks agree, the checkpoint holds the whole critic and its whole AdamW state,
+    and a resumed run repeats step 2 bit for bit."""
+    out = tmp_path / "run"
+    config = _cpu_config(tmp_path, "fsdp2")
+    critic = ["--advantage_estimator", "gae", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "1",
+              "--warm_start_episodes", "0"]
+    ranks = _launch(out, 29549, *critic, "--max_steps", "2", config=config, sharded=True)
+    assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
+    assert ranks[0]["critic_local_numel"] + ranks[1]["critic_local_numel"] == ranks[0]["critic_numel"]
+    assert ranks[0]["critic_local_numel"] < 0.55 * ranks[0]["critic_numel"]
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
+    history = json.loads((out / "report.json").read_text())["log_history"]
+    assert any(row.get("critic/value_grad_norm", 0) > 0 for row in history)
+    saved = out / "checkpoint-1" / "value_model"
+    import torch
+    from safetensors.torch import load_file
+
+    state = torch.load(saved / "critic_optimizer.pt", weights_only=True)
+    assert len(state["state"]) == len(load_file(saved / "critic.safetensors"))  # every parameter's moments, gathered
+    resumed = _launch(tmp_path / "resumed", 29551, *critic, "--max_steps", "2", "--resume_from_checkpoint", str(out / "checkpoint-1"),
+                      config=config, sharded=True)
+    assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] == ranks[0]["critic_sha256"]
+    assert resumed[0]["weights_sha256"] == ranks[0]["weights_sha256"]
