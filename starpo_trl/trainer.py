@@ -376,8 +376,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = None if checkpoint is None else os.path.join(checkpoint, "value_model")
-        if self.critic is not None and path is not None and os.path.isdir(path):
+        if checkpoint is not None:
+            self.load_critic(checkpoint)
+
+    def load_critic(self, checkpoint: str) -> None:
+        """Restore the critic (weights and optimizer) saved in ``checkpoint/value_model``, if any."""
+        path = os.path.join(checkpoint, "value_model")
+        if self.critic is not None and os.path.isdir(path):
             self.critic.load(path)
 
     def save_model(self, output_dir=None, _internal_call=False):

@@ -130,8 +130,16 @@ def test_trainer_trains_and_resumes_the_critic(tmp_path, tiny_tokenizer, policy)
     from starpo_trl.tiny import build_tiny_model
 
     fresh = MultiTurnStarPOTrainer(build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1), args, processing_class=tiny_tokenizer)
-    fresh._load_from_checkpoint(str(tmp_path / "checkpoint-2"))
+    fresh.load_critic(str(tmp_path / "checkpoint-2"))
     assert all(torch.equal(a, b) for a, b in zip(trained, fresh.critic.trainable_parameters()))
+    # Trainer's own resume restores it: a fresh critic (zero head) would predict exactly 0 at step 3
+    resumed = MultiTurnStarPOTrainer(
+        build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1), make_args(tmp_path, advantage_estimator="gae", max_steps=3),
+        processing_class=tiny_tokenizer,
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    step3 = [row for row in resumed.state.log_history if row.get("step") == 3 and "values/std" in row]
+    assert step3 and step3[-1]["values/std"] > 0
 
 
 def test_loss_aggregation_maps_onto_trl_loss_types(tmp_path):
