@@ -124,41 +124,47 @@ class Critic(nn.Module):
         nn.init.zeros_(self.head.bias)
         self._engine = ()  # a tuple keeps the engine (which holds this module) out of its submodules
         self.fsdp = fsdp_accelerator is not None
+        self.sharded = False  # ZeRO-1 optimizer (DDP)
         if self.fsdp:
-            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-
-            if fsdp_accelerator.state.fsdp_plugin.fsdp_version != 2:
-                raise ValueError("The critic is sharded with FSDP2 only: set fsdp_version: 2 in the accelerate config.")
-            self._no_split_modules = list(getattr(source, "_no_split_modules", None) or [])  # the layers to wrap
-            fsdp2_prepare_model(fsdp_accelerator, self)  # in place; process 0's weights everywhere
-            self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
-            self.sharded = False
-            return
-        if deepspeed_config is not None:
-            import deepspeed
-
-            optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
-            # deepspeed.initialize broadcasts process 0's weights, then shards as the config says
-            engine, self.optimizer, _, _ = deepspeed.initialize(model=self, optimizer=optimizer, config=deepspeed_config)
-            self._engine = (engine,)
-            self.sharded = False
-            return
-        if shard_optimizer is None:  # shard whenever several processes train together
-            shard_optimizer = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-        self.sharded = shard_optimizer
-        if shard_optimizer:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            # every process starts from process 0's critic (a LoRA adapter's random init differs per process)
-            with torch.no_grad():
-                for p in self.trainable_parameters():
-                    torch.distributed.broadcast(p.data, src=0)
-
-            self.optimizer = ZeroRedundancyOptimizer(
-                self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay
-            )
+            self.optimizer = self._shard_with_fsdp(fsdp_accelerator, source, learning_rate, weight_decay)
+        elif deepspeed_config is not None:
+            self.optimizer = self._shard_with_deepspeed(deepspeed_config, learning_rate, weight_decay)
         else:
-            self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+            self.optimizer = self._replicated_optimizer(shard_optimizer, learning_rate, weight_decay)
+
+    def _shard_with_fsdp(self, accelerator, source, learning_rate, weight_decay):
+        """Accelerate shards this module as it shards the policy; AdamW then runs over the shards."""
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        if accelerator.state.fsdp_plugin.fsdp_version != 2:
+            raise ValueError("The critic is sharded with FSDP2 only: set fsdp_version: 2 in the accelerate config.")
+        self._no_split_modules = list(getattr(source, "_no_split_modules", None) or [])  # the layers to wrap
+        fsdp2_prepare_model(accelerator, self)  # in place; process 0's weights everywhere
+        return torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+
+    def _shard_with_deepspeed(self, config, learning_rate, weight_decay):
+        """A DeepSpeed engine of its own; ``deepspeed.initialize`` broadcasts process 0's weights, then shards."""
+        import deepspeed
+
+        optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+        engine, optimizer, _, _ = deepspeed.initialize(model=self, optimizer=optimizer, config=config)
+        self._engine = (engine,)
+        return optimizer
+
+    def _replicated_optimizer(self, shard_optimizer, learning_rate, weight_decay):
+        """Weights on every process; AdamW state sharded (ZeRO-1) when several processes train together."""
+        if shard_optimizer is None:
+            shard_optimizer = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        if not shard_optimizer:
+            return torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.sharded = True
+        # every process starts from process 0's critic (a LoRA adapter's random init differs per process)
+        with torch.no_grad():
+            for p in self.trainable_parameters():
+                torch.distributed.broadcast(p.data, src=0)
+        return ZeroRedundancyOptimizer(self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay)
 
     @property
     def engine(self):
