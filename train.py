@@ -81,6 +81,11 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             f"critic_init={run_args.critic_init!r} sets the weights of a full critic: use it with critic_type=full and "
             f"advantage_estimator in {sorted(CRITIC_ESTIMATORS)}, or leave critic_init=policy."
         )
+    if run_args.report_path and os.path.abspath(run_args.report_path) == os.path.abspath(os.path.join(args.output_dir, "report.json")):
+        raise ValueError(
+            f"report_path={run_args.report_path!r} is the run's own report (output_dir/report.json, rewritten at the end): "
+            "give report_path another file, e.g. one shared by several runs."
+        )
     if run_args.warm_start_episodes > 0 and (args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
         raise ValueError(
             "The warm start (SFT before RL, for the CPU demos) cannot run under DeepSpeed: a second DeepSpeed Accelerator "

@@ -119,3 +119,18 @@ def test_warm_start_under_deepspeed_fails_before_the_model_loads(tmp_path, monke
     monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="warm_start_episodes=0"):
         train.main(run_args, args, model_args, tiny_args)
+
+
+def test_report_path_may_not_be_the_runs_own_report(tmp_path, monkeypatch):
+    from trl import ModelConfig, TrlParser
+
+    import train
+    from starpo_trl import StarPOConfig
+    from starpo_trl.models import TinyModelArguments
+
+    parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    config = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
+    parsed = parser.parse_dict({**config, "output_dir": str(tmp_path), "report_path": str(tmp_path / "report.json")})
+    monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="another file"):
+        train.main(*parsed)
