@@ -26,9 +26,9 @@ def average(params):
             p.grad /= dist.get_world_size()
 
 
-def step(critic, ids, returns):
+def step(critic, ids, returns, max_grad_norm=1.0):
     mask = torch.ones_like(returns)
-    return critic.update(ids, torch.ones_like(ids), returns.size(1), torch.zeros_like(returns), returns, mask, reduce=average)
+    return critic.update(ids, torch.ones_like(ids), returns.size(1), torch.zeros_like(returns), returns, mask, max_grad_norm, reduce=average)
 
 
 def main(out):

@@ -20,6 +20,8 @@ if mode == "fsdp":
 sys.path.insert(0, os.path.dirname(__file__))
 import sharded_cpu  # noqa: E402,F401  (DeepSpeed / FSDP on CPU processes)
 
+import dist_critic  # noqa: E402
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
@@ -31,16 +33,8 @@ from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 CLIP = 0.05
 
 
-def average(params):
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
-
-
 def step(critic, ids, returns):
-    mask = torch.ones_like(returns)
-    return critic.update(ids, torch.ones_like(ids), returns.size(1), torch.zeros_like(returns), returns, mask, max_grad_norm=CLIP, reduce=average)
+    return dist_critic.step(critic, ids, returns, max_grad_norm=CLIP)  # gradients averaged by hand (a sharded critic ignores it)
 
 
 def local_numel(t):

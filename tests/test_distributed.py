@@ -71,10 +71,7 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     critic = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "2"]
     ranks = _launch(out, 29535, *critic, "--max_steps", "2")
     assert ranks[0]["global_step"] == 2 and ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
-    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
-    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
-    history = json.loads((out / "report.json").read_text())["log_history"]
-    assert any(row.get("critic/value_grad_norm", 0) > 0 for row in history)
+    _assert_ranks_agree_and_the_critic_learned(ranks, out)
     saved = out / "checkpoint-2" / "value_model"
     state = torch.load(saved / "critic_optimizer.pt", weights_only=True)
     assert len(state["state"]) == len(load_file(saved / "critic.safetensors"))  # both shards' moments, gathered
@@ -99,6 +96,13 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
     assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
     assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+
+
+def _assert_ranks_agree_and_the_critic_learned(ranks, out):
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
+    history = json.loads((out / "report.json").read_text())["log_history"]
+    assert any(row.get("critic/value_grad_norm", 0) > 0 for row in history)
 
 
 def _cpu_config(tmp_path, name):
@@ -175,10 +179,7 @@ def test_fsdp2_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     assert ranks[0]["critic_local_numel"] + ranks[1]["critic_local_numel"] == ranks[0]["critic_numel"]
     assert ranks[0]["critic_local_numel"] < 0.55 * ranks[0]["critic_numel"]
-    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
-    assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
-    history = json.loads((out / "report.json").read_text())["log_history"]
-    assert any(row.get("critic/value_grad_norm", 0) > 0 for row in history)
+    _assert_ranks_agree_and_the_critic_learned(ranks, out)
     saved = out / "checkpoint-1" / "value_model"
     import torch
     from safetensors.torch import load_file
