@@ -130,7 +130,7 @@ def record(log_dir: str) -> None:
 
     logs = pathlib.Path(log_dir)
     section = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
-    for name in ("make_model", "vllm_rollout", "zero2_train", "vllm_lora_train", "memory"):
+    for name in ("make_model", "vllm_rollout", "zero2_train", "zero3_gae_train", "vllm_lora_train", "memory"):
         f = logs / f"{name}.log"
         rc = logs / f"{name}.rc"
         entry = {"exit_code": int(rc.read_text()) if rc.exists() else None}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU checks CPU CI cannot run, in one go on one GPU (< 8 minutes; no network needed):
+# GPU checks CPU CI cannot run, in one go on one GPU (< 10 minutes; no network needed):
 #   (a) vLLM multi-turn rollout (TRL colocate) vs a forward pass: token ids exact, logprobs close
-#   (b) a few training steps under DeepSpeed ZeRO-2, and LoRA training with vLLM generation
+#   (b) a few training steps under DeepSpeed ZeRO-2, PPO/GAE with its critic under ZeRO-3, and LoRA training with vLLM generation
 #       (adapter-only sync: vllm_lora_sync)
 #   (c) peak GPU memory, LoRA vs full fine-tuning
 # Needs: pip install -e ".[gpu,vllm]". Results: benchmarks/results.json and BENCHMARKS.md (section gpu_check).
@@ -31,6 +31,8 @@ COMMON="--model_name_or_path $MODEL --env_id starpo/Sokoban-v0 --num_start_state
 step make_model 120 $PY scripts/gpu_check.py make-model "$MODEL"
 step vllm_rollout 150 $PY scripts/gpu_check.py vllm-rollout "$MODEL"
 step zero2_train 120 $ACC launch --config_file accelerate_configs/zero2.yaml --num_processes 1 train.py $COMMON --output_dir "$LOGS/zero2"
+step zero3_gae_train 150 $ACC launch --config_file accelerate_configs/zero3.yaml --num_processes 1 train.py $COMMON --output_dir "$LOGS/zero3_gae" \
+  --advantage_estimator gae
 step vllm_lora_train 150 $PY train.py $COMMON --output_dir "$LOGS/vllm_lora" --use_peft true --lora_target_modules all-linear \
   --learning_rate 1e-5 --use_vllm true --vllm_mode colocate --vllm_gpu_memory_utilization 0.3 --vllm_max_model_length 2048 \
   --vllm_lora_sync true
