@@ -81,20 +81,38 @@ def expand_groups(group_indices: torch.Tensor, group_size: int) -> torch.Tensor:
     return (group_indices[:, None] * group_size + torch.arange(group_size)[None, :]).reshape(-1)
 
 
+def constant_groups(view: torch.Tensor) -> torch.Tensor:
+    """Rows (groups) of ``view`` (K, G) whose non-NaN values are all equal, as a (K, 1) bool tensor.
+
+    Such a group carries no signal: centring it must give exact zeros, not float rounding noise
+    (16 copies of 2.4146361351013184 have a float32 mean that differs from the value in its last bit).
+    """
+    low = torch.where(torch.isnan(view), torch.full_like(view, math.inf), view).amin(dim=1, keepdim=True)
+    high = torch.where(torch.isnan(view), torch.full_like(view, -math.inf), view).amax(dim=1, keepdim=True)
+    return (low == high) | (low == math.inf)
+
+
+def centred(view: torch.Tensor) -> torch.Tensor:
+    """Each row of ``view`` (K, G) minus its NaN-ignoring mean; exactly 0 in a constant row."""
+    mean = torch.nanmean(view, dim=1, keepdim=True)
+    return torch.where(constant_groups(view), torch.zeros_like(view), view - mean)
+
+
 def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
     """GRPO advantages: reward minus its group mean, divided by the group std (``scale="group"``), the
-    batch std (``"batch"``) or nothing (``"none"``). Same formula and ``eps`` as TRL. (N,) -> (N,)."""
+    batch std (``"batch"``) or nothing (``"none"``). Same formula and ``eps`` as TRL; a group whose
+    rewards are all equal gets exactly 0. (N,) -> (N,)."""
     grouped = rewards.view(-1, group_size)
-    centred = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).reshape(-1)
+    diff = centred(grouped).reshape(-1)
     if scale == "none":
-        return torch.nan_to_num(centred, nan=0.0)
+        return torch.nan_to_num(diff, nan=0.0)
     if scale == "group":
         std = nanstd(grouped, dim=1).repeat_interleave(group_size)
     elif scale == "batch":
         std = nanstd(rewards, dim=0).expand_as(rewards)
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale!r}")
-    return torch.nan_to_num(centred / (torch.nan_to_num(std, nan=0.0) + eps), nan=0.0)
+    return torch.nan_to_num(diff / (torch.nan_to_num(std, nan=0.0) + eps), nan=0.0)
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -111,7 +129,10 @@ def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: s
     """``(shift, scale)`` per trajectory such that the normalised reward is ``(r - shift) / scale``.
 
     ``identity``: (0, 1); ``mean``: (mean, 1); ``mean_std`` and ``asym_clip``: (mean, std + 1e-6),
-    with mean and std per group (``scope="group"``, per start state) or over the batch.
+    with mean and std per group (``scope="group"``, per start state) or over the batch. A group (or
+    batch) whose rewards are all equal carries no signal: every method but ``identity`` gives it
+    ``scale = inf``, so its normalised rewards, and each of its normalised turn rewards
+    (``r_turn / scale``), are exactly 0 and it contributes no gradient.
     """
     if method not in ("identity", "mean", "mean_std", "asym_clip"):
         raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {method!r}")
@@ -122,6 +143,7 @@ def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: s
     scale = torch.ones_like(view)
     if method != "mean" and view.shape[1] > 1:
         scale = (torch.nan_to_num(nanstd(view, dim=1, keepdim=True), nan=0.0) + 1e-6).expand_as(view)
+    scale = torch.where(constant_groups(view), torch.full_like(view, math.inf), scale)
     return shift.reshape(-1), scale.reshape(-1)
 
 
@@ -130,13 +152,32 @@ def normalize_rewards(rewards: torch.Tensor, group_size: int, method: str = "ide
 
     ``identity``; ``mean`` (subtract the mean); ``mean_std`` (subtract the mean, divide by std + 1e-6);
     ``asym_clip`` (``mean_std`` then clip to ``[-clip, 3 * clip]``, so rare large wins keep more weight
-    than rare large losses). ``scope`` is ``group`` (per start state) or ``batch``.
+    than rare large losses). ``scope`` is ``group`` (per start state) or ``batch``. A group (or batch)
+    whose rewards are all equal normalises to exactly 0 (NaN entries, failed episodes, stay NaN).
     """
     shift, scale = reward_normalization_terms(rewards, group_size, method, scope)
-    normalized = (rewards - shift) / scale
+    normalized = torch.where(torch.isinf(scale), rewards * 0.0, (rewards - shift) / scale)
     if method == "asym_clip":
         normalized = normalized.clamp(min=-clip, max=3 * clip)
     return normalized
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, total: tuple[float, float, float] | None = None, eps: float = 1e-8) -> torch.Tensor:
+    """Masked whitening, as the peers apply to GAE advantages: ``(x - mean) / sqrt(var + eps)`` over the
+    positions where ``mask`` is 1 (model tokens); 0 elsewhere. The variance is unbiased (``n - 1``).
+
+    ``total``: ``(count, sum, sum of squares)`` over every process's rows, when the batch is split
+    across processes (the statistics then match one process holding the whole batch). (B, T) -> (B, T).
+    """
+    m = mask.bool()
+    x = values.double()
+    n, s, ss = total if total is not None else (float(m.sum()), float(x[m].sum()), float((x[m] ** 2).sum()))
+    if n < 2:
+        return torch.zeros_like(values)
+    mean = s / n
+    var = max(ss - n * mean * mean, 0.0) / (n - 1)
+    out = (x - mean) / math.sqrt(var + eps)
+    return torch.where(m, out, torch.zeros_like(out)).to(values.dtype)
 
 
 def place_rewards(shape, turn_rewards: list[list[float]], turn_ends: list[list[int]], per_turn: bool) -> torch.Tensor:
@@ -201,9 +242,9 @@ def bilevel_gae(
 
     Turn level: GAE across turns with discount ``turn_gamma`` (and ``turn_lambda``, default
     ``lam``) on the values at each turn's last model token, with the turn rewards ``R_k``:
-    ``delta_k = R_k + turn_gamma * V_{k+1} - V_k``. Token level: inside turn k, GAE with
-    ``gamma``/``lam`` over its model tokens, seeded by the turn's return ``G_k = A_k + V_k`` as the
-    value after its last token. ``turn_level_only`` (``turn_gae``) gives every model token of turn k
+    ``delta_k = R_k + turn_gamma * V_{k+1} - V_k``, ``G_k = A_k + V_k``. Token level: inside turn k,
+    the last model token gets ``G_k - V_last = A_k`` exactly (its target is ``G_k``, undiscounted),
+    earlier tokens GAE with ``gamma``/``lam`` over the turn's model tokens. A perfect critic gets 0. ``turn_level_only`` (``turn_gae``) gives every model token of turn k
     the turn advantage ``A_k``. Turn ends come from the episode engine, never from where rewards
     are non-zero: a turn with reward 0 is still a turn.
     """
@@ -227,10 +268,13 @@ def bilevel_gae(
                 for t in span:
                     adv[b, t], returns[b, t] = turn_adv[k], G
                 continue
-            next_v, next_a = G, 0.0  # the value after the turn's last token is its return
-            for t in reversed(span):
-                delta = gamma * next_v - float(values[b, t])
-                a = delta + gamma * lam * next_a
-                adv[b, t], returns[b, t] = a, a + float(values[b, t])
-                next_v, next_a = float(values[b, t]), a
+            # The turn's last token carries exactly the turn advantage: its target is G_k itself (no
+            # discount: the turn level already discounted across turns). Earlier tokens bootstrap
+            # from the next token of the turn with gamma / lam.
+            next_v, next_a = G, 0.0
+            for j, t in enumerate(reversed(span)):
+                v = float(values[b, t])
+                a = G - v if j == 0 else gamma * next_v - v + gamma * lam * next_a
+                adv[b, t], returns[b, t] = a, a + v
+                next_v, next_a = v, a
     return adv, returns

@@ -347,14 +347,15 @@ class Critic(nn.Module):
 
 def value_loss(values, old_values, returns, mask, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss over model tokens: ``0.5 * mean(max((v - R)^2, (v_clipped - R)^2))``
-    with ``v_clipped = v_old + clamp(v - v_old, -clip, clip)``; and the share of tokens where the
-    clipped term was larger. All (B, T); returns two scalars."""
+    with ``v_clipped = clamp(v, v_old - clip, v_old + clip)``; and the share of tokens where the
+    clipped term was larger. Inside the range ``v_clipped`` is ``v`` itself (``v_old + (v - v_old)``
+    can round away from ``v`` and count an unclipped token as clipped). All (B, T); returns two scalars."""
     m = mask.float()
     n = m.sum().clamp(min=1.0)
     loss_unclipped = (values - returns) ** 2
     if clip is None:
         return 0.5 * (loss_unclipped * m).sum() / n, torch.zeros((), device=values.device)
-    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    clipped = torch.clamp(values, old_values - clip, old_values + clip)
     loss_clipped = (clipped - returns) ** 2
     losses = torch.max(loss_unclipped, loss_clipped)
     clipfrac = ((loss_clipped > loss_unclipped).float() * m).sum() / n

@@ -13,9 +13,39 @@ from dataclasses import dataclass, field
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 ACTION_SEPARATOR = "||"
-THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-ANSWER_ONLY = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 MAX_ANSWER_CHARS = 4096
+_THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
+
+
+def _find_think_answer(text: str) -> tuple[str, str] | None:
+    """The first match of ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>`` (DOTALL), in linear time.
+
+    The one regex with two lazy groups is super-linear on degenerate replies (repeated tags); this
+    finds the tags one after another and returns what that regex's first match would: the leftmost
+    ``<think>``, the first ``</think>`` after it that is followed by whitespace and ``<answer>`` and
+    has a ``</answer>`` after that, and the first such ``</answer>``.
+    """
+    start = text.find("<think>")
+    if start < 0:
+        return None
+    # the first "</think> <answer>" after the <think> (linear: a literal, a whitespace run, a literal)
+    joint = _THINK_THEN_ANSWER.search(text, start + len("<think>"))
+    if joint is None:
+        return None
+    body = joint.end()
+    end = text.find("</answer>", body)
+    if end < 0:  # no later "</think> <answer>" can have a closing tag after it either
+        return None
+    return text[start + len("<think>") : joint.start()], text[body:end]
+
+
+def _find_answer(text: str) -> str | None:
+    """The first match of ``<answer>(.*?)</answer>`` (DOTALL), in linear time."""
+    start = text.find("<answer>")
+    if start < 0:
+        return None
+    end = text.find("</answer>", start + len("<answer>"))
+    return None if end < 0 else text[start + len("<answer>") : end]
 
 
 def format_instruction(enable_think: bool) -> str:
@@ -57,17 +87,23 @@ class ParsedReply:
 
 def parse_reply(text: str, enable_think: bool = True, split_actions: bool = True, max_actions: int | None = None) -> ParsedReply:
     """Parse a model reply. Never raises: a reply without the format gives ``format_ok=False``.
+    Linear in the reply's length, whatever the reply.
 
     ``split_actions=False`` keeps the whole answer as one action (free-text envs).
     ``max_actions`` caps the number of actions returned (the rest are ignored, not penalised).
     """
     if not isinstance(text, str):
         return ParsedReply(None, None)
-    match = (THINK_ANSWER if enable_think else ANSWER_ONLY).search(text)
-    if match is None:
-        return ParsedReply(None, None)
-    think = match.group(1).strip() if enable_think else None
-    answer = match.group(match.lastindex).strip()
+    if enable_think:
+        found = _find_think_answer(text)
+        if found is None:
+            return ParsedReply(None, None)
+        think, answer = found[0].strip(), found[1].strip()
+    else:
+        found = _find_answer(text)
+        if found is None:
+            return ParsedReply(None, None)
+        think, answer = None, found.strip()
     if not answer or len(answer) > MAX_ANSWER_CHARS:
         return ParsedReply(think, answer or None)
     if split_actions:

@@ -41,7 +41,9 @@ def test_grpo_advantages_by_hand():
 
 
 # -- turn-aware credit ------------------------------------------------------------------------------
-from starpo_trl.advantages import bilevel_gae, masked_gae, normalize_rewards, place_rewards, rloo_advantages  # noqa: E402
+from starpo_trl.advantages import (  # noqa: E402
+    bilevel_gae, masked_gae, normalize_rewards, place_rewards, reward_normalization_terms, rloo_advantages, whiten,
+)
 
 
 def test_masked_gae_skips_env_tokens_by_hand():
@@ -128,3 +130,55 @@ def test_between_group_share_by_hand():
     assert between_group_share(torch.tensor([1.0, 1, 0, 0, float("nan"), 1]), 2) == pytest.approx(1.0)
     assert math.isnan(between_group_share(torch.tensor([1.0, float("nan"), 0, 1]), 2))
     assert math.isnan(between_group_share(torch.ones(6), 3))
+
+
+def test_bilevel_gae_last_token_of_a_turn_carries_the_turn_advantage_for_any_gamma():
+    # a perfect critic (values = the returns it should predict) gets zero advantages, also with gamma < 1
+    values = torch.tensor([[0.5, 1.0]])
+    adv, ret = bilevel_gae([[1.0]], [[1]], values, torch.ones(1, 2), gamma=0.5, lam=1.0, turn_gamma=1.0)
+    assert adv.tolist() == [[0.0, 0.0]] and ret.tolist() == [[0.5, 1.0]]
+    # two turns, gamma 0.5, lam 0.5, turn_gamma 0.9, by hand. Turn ends at 1 and 3 (values 0.4, 0.2):
+    # A2 = 2 - 0.2 = 1.8, G2 = 2.0; A1 = 1 + 0.9 * 0.2 - 0.4 + 0.9 * 0.5 * 1.8 = 1.59, G1 = 1.99
+    # turn 1: t=1: 1.99 - 0.4 = 1.59; t=0: 0.5 * 0.4 - 0.3 + 0.25 * 1.59 = 0.2975
+    # turn 2: t=3: 2.0 - 0.2 = 1.8;   t=2: 0.5 * 0.2 - 0.1 + 0.25 * 1.8 = 0.45
+    values = torch.tensor([[0.3, 0.4, 0.1, 0.2]])
+    adv, ret = bilevel_gae([[1.0, 2.0]], [[1, 3]], values, torch.ones(1, 4), gamma=0.5, lam=0.5, turn_gamma=0.9)
+    assert torch.allclose(adv, torch.tensor([[0.2975, 1.59, 0.45, 1.8]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.5975, 1.99, 0.55, 2.0]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["mean", "mean_std", "asym_clip"])
+@pytest.mark.parametrize("scope", ["group", "batch"])
+def test_a_group_whose_rewards_are_all_equal_normalises_to_exact_zeros(method, scope):
+    same = torch.full((16,), 2.4146361351013184)  # its float32 mean differs from it in the last bit
+    assert torch.equal(normalize_rewards(same, 16, method, scope), torch.zeros(16))
+    shift, scale = reward_normalization_terms(same, 16, method, scope)
+    assert torch.isinf(scale).all()  # so every turn reward r_turn / scale is exactly 0 too
+    # a failed (NaN) episode stays NaN, the rest of a constant group is 0
+    with_nan = same.clone()
+    with_nan[3] = float("nan")
+    out = normalize_rewards(with_nan, 16, method, scope)
+    assert math.isnan(out[3]) and torch.equal(out[torch.arange(16) != 3], torch.zeros(15))
+    # a group that does vary is normalised as before
+    mixed = torch.cat([same, torch.tensor([0.0, 1.0, 0.0, 1.0])])
+    if scope == "group":
+        assert torch.equal(normalize_rewards(mixed, 4, method, scope)[:16], torch.zeros(16))
+    assert normalize_rewards(mixed, 4, method, scope)[16:].abs().sum() > 0
+
+
+def test_grpo_advantages_of_a_constant_group_are_exact_zeros():
+    same = torch.full((16,), 2.4146361351013184)
+    for scale in ("group", "batch", "none"):
+        assert torch.equal(grpo_advantages(same, 16, scale), torch.zeros(16))
+
+
+def test_masked_whitening_by_hand_and_across_processes():
+    x = torch.tensor([[1.0, 2.0, 99.0], [3.0, 99.0, 99.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # mean 2, unbiased var 1 -> [-1, 0, 1] on model tokens, 0 elsewhere
+    assert torch.allclose(whiten(x, m), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
+    # two processes: each whitens its rows with the totals over both, as one process holding both
+    total = (3.0, 6.0, 14.0)
+    assert torch.allclose(whiten(x[:1], m[:1], total), torch.tensor([[-1.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.allclose(whiten(x[1:], m[1:], total), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.equal(whiten(x, torch.zeros_like(m)), torch.zeros_like(x))

@@ -34,6 +34,23 @@ def test_value_loss_by_hand():
     assert loss.item() == pytest.approx(0.02)
 
 
+def test_value_clip_fraction_counts_only_tokens_that_left_the_range():
+    # inside the range old + (v - old) rounds away from v in float32 for these values; nothing is clipped
+    torch.manual_seed(0)
+    values = torch.rand(64, 32) * 0.01
+    old = values + torch.rand(64, 32) * 0.45  # within 0.45 < 0.5 of v
+    returns = torch.rand(64, 32)
+    assert (old + (values - old).clamp(-0.5, 0.5) != values).any()  # the rounding the old formula counted
+    loss, clipfrac = value_loss(values, old, returns, torch.ones(64, 32), clip=0.5)
+    assert clipfrac.item() == 0.0
+    assert loss.item() == pytest.approx(0.5 * ((values - returns) ** 2).mean().item(), rel=1e-6)
+    # half the tokens pushed 1.0 away from old: clipped where the clipped loss is larger
+    far = old + torch.where(torch.arange(32) < 16, 1.0, 0.0)
+    _, clipfrac = value_loss(far, old, returns, torch.ones(64, 32), clip=0.5)
+    expected = ((torch.clamp(far, old - 0.5, old + 0.5) - returns) ** 2 > (far - returns) ** 2).float().mean()
+    assert clipfrac.item() == pytest.approx(expected.item()) and 0 < clipfrac.item() <= 0.5
+
+
 def test_explained_variance_over_model_tokens_only():
     returns = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
     mask = torch.tensor([[1, 1, 1, 0]])

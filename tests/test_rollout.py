@@ -2,6 +2,8 @@ import copy
 import pathlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import trl
 
@@ -189,3 +191,34 @@ def test_env_that_raises_ends_only_its_episode(tiny_tokenizer, scripted, monkeyp
     )
     errored = [ep for ep in eps if ep.env_error]
     assert errored and all("boom" in ep.env_error and ep.done for ep in errored)
+
+
+def test_reply_parsing_is_linear_in_the_reply_length():
+    import time
+
+    from starpo_trl.prompting import parse_reply
+
+    for reply in ("<think></think><answer>" * 45_000, "<think><answer></think>" * 45_000, "<answer>" * 120_000, "</think>" * 120_000):
+        assert len(reply) >= 960_000
+        for think in (True, False):
+            seconds = []
+            for _ in range(3):  # best of three: the machine is shared
+                t0 = time.perf_counter()
+                parsed = parse_reply(reply, enable_think=think)
+                seconds.append(time.perf_counter() - t0)
+            assert min(seconds) < 0.05
+            assert not parsed.format_ok
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "\xa0", "\x1c", "a", "Up", "||"]), max_size=14))
+def test_linear_parser_finds_what_the_regex_finds(parts):
+    import re
+
+    from starpo_trl.prompting import _find_answer, _find_think_answer
+
+    text = "".join(parts)
+    m = re.search(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", text, re.DOTALL)
+    assert _find_think_answer(text) == (None if m is None else (m.group(1), m.group(2)))
+    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    assert _find_answer(text) == (None if m is None else m.group(1))
