@@ -217,6 +217,16 @@ def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, 
     return adv, returns
 
 
+def turn_end_mask(turn_ends: list[list[int]], mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (B, T) kept only at each turn's last model token. (B, T) -> (B, T)."""
+    ends = torch.zeros_like(mask)
+    for b, row in enumerate(turn_ends):
+        for e in row:
+            if 0 <= e < mask.shape[1]:
+                ends[b, e] = mask[b, e]
+    return ends
+
+
 def turn_spans(turn_ends: list[int], mask_row: torch.Tensor) -> list[list[int]]:
     """Model-token positions of each turn: the model tokens after the previous turn's end up to this one's."""
     spans, start = [], 0

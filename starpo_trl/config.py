@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -51,7 +52,13 @@ class StarPOConfig(GRPOConfig):
             whole conversation goes to TRL's completions table with `log_completions=True`
             (printed, saved as parquet, and sent to wandb / trackio).
         env_step_timeout (`float` or `None`): seconds an env reset/step may take; a slower one ends
-            its episode (the call runs on in a daemon thread). `None`: no limit.
+            its episode and its worker process is killed (needs `env_runner="processes"`, the default
+            when a timeout is set). `None`: no limit.
+        env_runner (`str` or `None`): where env calls run (`starpo_trl.env_runner`): `inline` (in the
+            trainer's process, one episode after another), `threads` (the episodes of a turn stepped
+            concurrently on threads: I/O-bound envs), `processes` (each env in a worker process, stepped
+            concurrently; a call past `env_step_timeout` kills its worker). `None`: `processes` when
+            `env_step_timeout` is set, else `inline`.
         env_error_policy (`str`, `"exclude"`): what an episode whose env raised, timed out or paid
             a non-finite reward becomes: `exclude` (out of the loss and of its group's statistics)
             or `failure_reward` (trained on, with reward `env_failure_reward`, default 0.0).
@@ -82,12 +89,22 @@ class StarPOConfig(GRPOConfig):
             adapter on the policy's base; needs PEFT).
         critic_learning_rate (`float`, 1e-5), value_clip (`float`, 0.5), critic_warmup_steps (`int`,
             0: steps that train only the critic).
+        whiten_advantages (`bool`, True): with a critic estimator, whiten the per-token advantages
+            over the model tokens of the whole kept batch (all processes) before the loss:
+            `(A - mean) / std`, as RAGEN, VAGEN and verl do. GRPO / RLOO advantages are not touched.
+        value_loss_tokens (`str`, `"all"`): where the critic is trained: `all` model tokens (each with
+            its return), or `turn_ends` (only each turn's last model token, whose target is the turn
+            return `G_k`, as VAGEN trains its critic). Explained variance is logged on the same tokens.
         critic_epochs (`int`, 1): passes of the critic over each rollout batch (PPO's value
             epochs), each in a new random order and split into `steps_per_generation` micro-batches;
             they run before the policy's update, whatever `num_iterations` is.
         loss_aggregation (`str` or `None`): `token-mean` (TRL `dapo`), `seq-mean-token-mean`
             (TRL `grpo`: every trajectory weighs the same) or `seq-mean-token-sum` (TRL `luspo`);
             sets `loss_type`. `None` keeps `loss_type` as given.
+
+        max_empty_steps (`int`, 5): a step whose kept batch holds no model token (every kept episode
+            failed in `reset`) is skipped: no optimizer update, `rollout/empty_step` logged as 1. After
+            this many such steps in a row training stops with an error.
 
         > Collapse guard (see `starpo_trl.guard`)
 
@@ -138,6 +155,7 @@ class StarPOConfig(GRPOConfig):
     eval_temperature: float = field(default=0.5, metadata={"help": "Sampling temperature for held-out evaluation."})
     num_sample_episodes: int = field(default=4, metadata={"help": "Episodes per step in the completions table (log_completions)."})
     env_step_timeout: float | None = field(default=None, metadata={"help": "Seconds an env reset/step may take (None: no limit)."})
+    env_runner: str | None = field(default=None, metadata={"help": "inline, threads or processes (None: processes with env_step_timeout, else inline)."})
     env_error_policy: str = field(default="exclude", metadata={"help": "exclude or failure_reward, for episodes whose env failed."})
     env_failure_reward: float = field(default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."})
     vllm_lora_sync: bool = field(default=False, metadata={"help": "LoRA + vLLM colocate: push only the adapter to vLLM each step."})
@@ -157,6 +175,9 @@ class StarPOConfig(GRPOConfig):
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_clip: float | None = field(default=0.5, metadata={"help": "Value clipping range (None: no clipping)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "First steps train only the critic."})
+    whiten_advantages: bool = field(default=True, metadata={"help": "Whiten critic advantages over the batch's model tokens."})
+    value_loss_tokens: str = field(default="all", metadata={"help": "Critic trained on all model tokens or only turn_ends."})
+    max_empty_steps: int = field(default=5, metadata={"help": "Stop after this many steps in a row with no model token to train on."})
     critic_epochs: int = field(default=1, metadata={"help": "Critic passes over each rollout batch, in shuffled micro-batches."})
     loss_aggregation: str | None = field(default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."})
 
@@ -195,12 +216,16 @@ class StarPOConfig(GRPOConfig):
             value = getattr(self, name)
             if isinstance(value, str):
                 try:
-                    setattr(self, name, json.loads(value))
+                    value = json.loads(value)
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}: {err}") from None
+                setattr(self, name, value)
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"{name} must be a JSON object of keyword arguments, e.g. '{{\"is_slippery\": false}}', got {value!r}")
         self.env_kwargs = dict(self.env_kwargs or {})
         self.eval_env_kwargs = dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
         self.eval_env_id = self.eval_env_id or self.env_id
+        self._check_ranges()
         if self.env_id is not None:
             from starpo_trl.envs_registry import check_env_contract, check_env_id
 
@@ -210,8 +235,17 @@ class StarPOConfig(GRPOConfig):
             check_env_contract(self.eval_env_id, self.eval_env_kwargs, "eval_env_id")
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
-        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
-            raise ValueError(f"env_step_timeout must be positive seconds or None, got {self.env_step_timeout}")
+        from starpo_trl.env_runner import RUNNERS
+
+        if self.env_runner is not None and self.env_runner not in RUNNERS:
+            raise ValueError(f"env_runner must be one of {RUNNERS} (or unset), got {self.env_runner!r}")
+        if self.env_step_timeout is not None and self.env_runner not in (None, "processes"):
+            raise ValueError(
+                f"env_step_timeout needs env_runner='processes' (got {self.env_runner!r}): a hung env call can only be stopped "
+                "by killing its worker process. Leave env_runner unset or set it to processes."
+            )
+        if self.value_loss_tokens not in ("all", "turn_ends"):
+            raise ValueError(f"value_loss_tokens must be 'all' or 'turn_ends', got {self.value_loss_tokens!r}")
         if self.rollout_filter_metric not in FILTER_METRICS:
             raise ValueError(f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}")
         if not 0.0 < self.rollout_filter_ratio <= 1.0:
@@ -286,3 +320,47 @@ class StarPOConfig(GRPOConfig):
                 f"{self.steps_per_generation} equal micro-batches. Raise rollout_filter_ratio or num_start_states, or lower "
                 "gradient_accumulation_steps / raise per_device_train_batch_size so that steps_per_generation divides the share."
             )
+
+    def _check_ranges(self) -> None:
+        """Numeric settings outside their meaningful range fail here, before any model loads."""
+        for name in ("gamma", "lam", "turn_gamma", "turn_lambda"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} is a discount / GAE weight in [0, 1], got {value}")
+        if not self.temperature > 0 or not math.isfinite(self.temperature):
+            raise ValueError(
+                f"temperature={self.temperature}: training samples from softmax(logits / temperature), so it must be a "
+                "positive number (greedy decoding, temperature 0, gives no exploration and no valid ratios). Use e.g. 1.0."
+            )
+        if not self.eval_temperature >= 0 or not math.isfinite(self.eval_temperature):
+            raise ValueError(f"eval_temperature must be >= 0 (0: greedy evaluation), got {self.eval_temperature}")
+        if not self.critic_learning_rate > 0:
+            raise ValueError(f"critic_learning_rate must be positive, got {self.critic_learning_rate}")
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ValueError(f"value_clip must be positive (or None for no clipping), got {self.value_clip}")
+        if not self.format_penalty <= 0:
+            raise ValueError(f"format_penalty is added to the turn's reward: give it <= 0 (e.g. -0.1), got {self.format_penalty}")
+        if self.env_step_timeout is not None and not (self.env_step_timeout > 0 and math.isfinite(self.env_step_timeout)):
+            raise ValueError(f"env_step_timeout must be a finite number of seconds > 0, or None for no limit, got {self.env_step_timeout}")
+        for name in ("num_eval_episodes", "num_train_seeds", "max_empty_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.critic_warmup_steps < 0:
+            raise ValueError(f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"max_steps must be >= 1 (or -1 to train num_train_epochs epochs over num_train_seeds), got {self.max_steps}")
+        # The recorded sampling logprobs and TRL's loss are log_softmax(logits / temperature): sampling
+        # from any other distribution (HF or vLLM) would make every importance ratio wrong.
+        neutral = {"top_k": (0, None), "top_p": (1.0,), "min_p": (None, 0.0), "repetition_penalty": (1.0,)}
+        for name, values in neutral.items():
+            if getattr(self, name) not in values:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r}: episodes are sampled from softmax(logits / temperature), the distribution "
+                    f"the loss trains on; a {name} would sample from another one. Leave {name} at {values[0]!r}."
+                )
+        changing = {"top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                    "bad_words", "allowed_token_ids", "min_tokens", "typical_p", "no_repeat_ngram_size", "suppress_tokens"}
+        extra = json.loads(self.generation_kwargs) if isinstance(self.generation_kwargs, str) else self.generation_kwargs
+        bad = sorted(changing & set(extra or {}))
+        if bad:
+            raise ValueError(f"generation_kwargs sets {bad}, which change the sampling distribution away from the one the loss trains on: remove them.")

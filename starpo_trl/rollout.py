@@ -17,17 +17,16 @@ that were sampled. The engine needs no Trainer: give it a tokenizer and a backen
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import gymnasium as gym
 import torch
 from tqdm.auto import tqdm
 
 import envs  # noqa: F401  (registers the starpo/* env ids)
 
+from starpo_trl.env_runner import EnvCallError, EnvRunner
 from starpo_trl.prompting import SYSTEM_PROMPT, first_user_message, parse_reply, turn_message
 from starpo_trl.shaping import ThinkShaping, turn_shaping_reward
 
@@ -39,9 +38,6 @@ class StartState:
     env_id: str
     seed: int
     env_kwargs: tuple = ()  # sorted (key, value) pairs, hashable
-
-    def make_env(self):
-        return gym.make(self.env_id, **dict(self.env_kwargs))
 
 
 @dataclass
@@ -84,8 +80,30 @@ class GenerationBackend(Protocol):
         ...
 
 
+def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list[int], pad_token_id: int):
+    """A ``GenerationConfig`` that samples from exactly ``softmax(logits / temperature)``.
+
+    Every logits processor a checkpoint's ``generation_config`` may bring (repetition penalty,
+    top-k / top-p / min-p, typical / epsilon / eta cutoffs, n-gram blocking, a minimum length, ...)
+    is set to its neutral value, because TRL's loss and the recorded sampling logprobs are
+    ``log_softmax(logits / T)``: tokens drawn from any other distribution would carry wrong ratios.
+    """
+    from transformers import GenerationConfig
+
+    greedy = temperature <= 0
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=1.0 if greedy else temperature,
+        top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, min_new_tokens=0, renormalize_logits=False,
+        eos_token_id=list(eos_token_ids), pad_token_id=pad_token_id, output_logits=True, return_dict_in_generate=True,
+    )
+
+
 class HFBackend:
-    """Generation with ``model.generate`` (left-padded batch, sampling at ``temperature``, no top-k/top-p).
+    """Generation with ``model.generate`` (left-padded batch), sampling at ``temperature`` from the
+    plain softmax: no top-k/top-p, and none of the processors a checkpoint's ``generation_config``
+    sets (``sampling_config``; the model's own config is set aside during the call, so nothing of it
+    fills the unset fields).
 
     Logprobs are ``log_softmax(logits / temperature)`` of the sampled tokens: the same quantity
     TRL's loss computes, so the importance ratio starts at exactly 1 on-policy.
@@ -98,6 +116,8 @@ class HFBackend:
 
     @torch.no_grad()
     def generate(self, sequences, max_new_tokens, temperature):
+        from transformers import GenerationConfig
+
         device = next(self.model.parameters()).device
         width = max(len(s) for s in sequences)
         input_ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
@@ -108,20 +128,16 @@ class HFBackend:
         greedy = temperature <= 0
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_k=None,
-            top_p=None,
-            min_p=None,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+        own = self.model.generation_config
+        self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
+            )
+        finally:
+            self.model.generation_config = own
         if was_training:
             self.model.train()
         new_tokens = out.sequences[:, width:]
@@ -214,30 +230,28 @@ class RolloutConfig:
     enable_think: bool = True
     format_penalty: float = -0.1
     temperature: float = 1.0
-    env_step_timeout: float | None = None  # seconds per reset/step; None: no limit, no threads
+    env_step_timeout: float | None = None  # seconds per env call (needs env_runner="processes")
+    env_runner: str | None = None  # inline, threads or processes; None: processes with a timeout, else inline
     think_shaping: ThinkShaping = field(default_factory=ThinkShaping)  # reasoning reward shaping (off)
 
+    def runner_mode(self) -> str:
+        if self.env_runner is not None:
+            return self.env_runner
+        return "processes" if self.env_step_timeout is not None else "inline"
 
-def call_with_timeout(fn, timeout: float | None, *args):
-    """``fn(*args)``, or TimeoutError after ``timeout`` seconds (the call runs on in a daemon thread)."""
-    if timeout is None:
-        return fn(*args)
-    box: dict = {}
 
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as err:  # handed to the caller below
-            box["error"] = err
+@dataclass
+class _Live:
+    """What one episode's run keeps between turns (local to one ``run``)."""
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"took longer than env_step_timeout={timeout}s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    env: object = None
+    obs: str = ""
+    last_think: str | None = None
+    actions_left: int = 0
+
+
+def _error_text(err: Exception) -> str:
+    return str(err) if isinstance(err, EnvCallError) else f"{type(err).__name__}: {err}"
 
 
 class RolloutEngine:
@@ -251,29 +265,47 @@ class RolloutEngine:
         self.config = config
         self.eos_token_ids = list(eos_token_ids)
         self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
+        self.runner = EnvRunner(config.runner_mode(), config.env_step_timeout)
         self.timings = {"generate": 0.0, "env": 0.0}
         self.progress = False  # a progress bar of finished episodes (the trainer turns it on on the main process)
+
+    def _open(self, start: StartState):
+        """Make and reset one env (runs on the runner's threads): ``(env, obs, error)``."""
+        env = None
+        try:
+            env = self.runner.make(start.env_id, dict(start.env_kwargs))
+            obs, _ = env.reset(start.seed)
+            return env, obs, None
+        except Exception as err:  # an env that fails to reset ends only its own episode
+            if env is not None:
+                self._close(env)
+            return None, "", f"reset: {_error_text(err)}"
+
+    @staticmethod
+    def _close(env) -> None:
+        try:
+            env.close()
+        except Exception:  # a failing close loses nothing: the episode is already recorded
+            pass
 
     def run(self, starts: list[StartState], temperature: float | None = None) -> list[Episode]:
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
-        episodes, env_list, actions_left = [], [], []
-        self._last_obs, self._last_think = [], [None] * len(starts)
-        for start in starts:
-            env, obs = None, ""
-            try:
-                env = start.make_env()
-                obs, _ = call_with_timeout(lambda: env.reset(seed=start.seed), cfg.env_step_timeout)
+        episodes: list[Episode] = []
+        live: list[_Live] = []
+        t0 = time.perf_counter()
+        opened = self.runner.map(self._open, starts)
+        self.timings["env"] += time.perf_counter() - t0
+        for start, (env, obs, error) in zip(starts, opened):
+            if error is None:
                 content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
                 ep.messages.append({"role": "user", "content": content})
-            except Exception as err:  # an env that fails to reset ends only its own episode
+            else:
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
-                ep.env_error, ep.done = f"reset: {type(err).__name__}: {err}", True
+                ep.env_error, ep.done = error, True
             episodes.append(ep)
-            env_list.append(env)
-            self._last_obs.append(obs)
-            actions_left.append(cfg.max_actions_per_episode)
+            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
 
         bar = tqdm(total=len(episodes), desc="episodes", unit="ep", leave=False, disable=not self.progress)
         finished = 0
@@ -289,32 +321,39 @@ class RolloutEngine:
                     self.backend.generate([], max_new_tokens=0, temperature=temperature)
                     continue
                 break
-            room = min(cfg.max_episode_tokens - len(episodes[i].completion_ids) for i in active)
+            # each episode is limited by its own room only; the batch is generated to the largest
+            # limit and every reply cut to its episode's, so an episode's tokens do not depend on
+            # who shares its batch
+            limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(episodes[i].completion_ids)) for i in active]
             t0 = time.perf_counter()
             outputs = self.backend.generate(
                 [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
-                max_new_tokens=min(cfg.max_tokens_per_turn, room),
+                max_new_tokens=max(limits),
                 temperature=temperature,
             )
             self.timings["generate"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for i, (ids, logps) in zip(active, outputs):
+            texts = []
+            for i, limit, (ids, logps) in zip(active, limits, outputs):
                 ep = episodes[i]
-                budget = cfg.max_episode_tokens - len(ep.completion_ids)
-                ids, logps = ids[:budget], logps[:budget]
+                ids, logps = ids[:limit], logps[:limit]
                 ep.completion_ids += ids
                 ep.env_mask += [1] * len(ids)
                 ep.logprobs += logps
                 ep.turn_end_positions.append(len(ep.completion_ids) - 1)
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 ep.messages.append({"role": "assistant", "content": text})
-                reward = self._act(ep, env_list[i], text, actions_left, i)
+                texts.append(text)
+            t0 = time.perf_counter()
+            rewards = self.runner.map(lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts)))
+            self.timings["env"] += time.perf_counter() - t0
+            for i, reward in zip(active, rewards):
+                ep, state = episodes[i], live[i]
                 ep.turn_rewards.append(reward)
-                ended_by_eos = bool(ids) and ids[-1] in self.eos_token_ids
-                if ep.done or turn == cfg.max_turns or actions_left[i] <= 0:
+                ended_by_eos = ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids if ep.completion_ids else False
+                if ep.done or turn == cfg.max_turns or state.actions_left <= 0:
                     ep.done = True
                     continue
-                content = turn_message(turn + 1, self._last_obs[i], actions_left[i] if self._named(env_list[i]) else None, reward, cfg.enable_think)
+                content = turn_message(turn + 1, state.obs, state.actions_left if self._named(state.env) else None, reward, cfg.enable_think)
                 obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids({"role": "user", "content": content})
                 if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
                     ep.truncated = True  # cut at a turn boundary: the next turn would not fit
@@ -323,44 +362,46 @@ class RolloutEngine:
                 ep.env_mask += [0] * len(obs_ids)
                 ep.logprobs += [0.0] * len(obs_ids)
                 ep.messages.append({"role": "user", "content": content})
-            self.timings["env"] += time.perf_counter() - t0
         bar.update(len(episodes) - finished)
         bar.close()
-        for ep, env in zip(episodes, env_list):
-            if env is not None and ep.env_error is None:
-                try:
-                    env.close()
-                except Exception:  # a failing close loses nothing: the episode is already recorded
-                    pass
+        t0 = time.perf_counter()
+        self.runner.map(self._close, [state.env for state in live if state.env is not None])
+        self.timings["env"] += time.perf_counter() - t0
         return episodes
+
+    def close(self) -> None:
+        """Stop the env worker processes, if any."""
+        self.runner.close()
 
     @staticmethod
     def _named(env) -> bool:
         return env is not None and env.unwrapped.action_names is not None
 
-    def _act(self, ep: Episode, env, text: str, actions_left: list[int], i: int) -> float:
-        """Parse one reply and step the env; return the turn reward (env rewards + format penalty)."""
+    def _act(self, ep: Episode, state: _Live, text: str) -> float:
+        """Parse one reply and step the env; return the turn reward (env rewards + format penalty).
+        Runs on the runner's threads: it touches only this episode."""
         cfg = self.config
+        env = state.env
         named = self._named(env)
-        budget = min(cfg.max_actions_per_turn, actions_left[i]) if named else 1
+        budget = min(cfg.max_actions_per_turn, state.actions_left) if named else 1
         parsed = parse_reply(text, cfg.enable_think, split_actions=named, max_actions=budget)
         reward, format_error = 0.0, not parsed.format_ok
         for action in parsed.actions:
-            if named and env.unwrapped.match_action(action) is None:
-                format_error = True  # unknown action: dropped, penalised
-                ep.num_actions += 1
-                continue
             try:
-                obs, r, terminated, truncated, info = call_with_timeout(env.step, cfg.env_step_timeout, action)
+                if named and env.unwrapped.match_action(action) is None:
+                    format_error = True  # unknown action: dropped, penalised
+                    ep.num_actions += 1
+                    continue
+                obs, r, terminated, truncated, info = env.step(action)
                 r = float(r)
                 if not math.isfinite(r):
                     raise ValueError(f"non-finite reward {r!r}")
             except Exception as err:  # a failing, slow or NaN-paying env ends only this episode
-                ep.env_error, ep.done = f"step: {type(err).__name__}: {err}", True
+                ep.env_error, ep.done = f"step: {_error_text(err)}", True
                 break
-            self._last_obs[i] = obs
+            state.obs = obs
             ep.num_actions += 1
-            actions_left[i] -= 1
+            state.actions_left -= 1
             reward += float(r)
             ep.num_valid_actions += bool(info.get("action_is_valid", True))
             ep.num_effective_actions += bool(info.get("action_is_effective", False))
@@ -375,9 +416,9 @@ class RolloutEngine:
             reward += cfg.format_penalty
         if cfg.enable_think and (cfg.think_shaping.enabled or self.reasoning_reward_fn is not None):
             shaping = turn_shaping_reward(
-                parsed.think, parsed.answer, self._last_think[i], ep.num_turns + 1, cfg.think_shaping, self.reasoning_reward_fn
+                parsed.think, parsed.answer, state.last_think, ep.num_turns + 1, cfg.think_shaping, self.reasoning_reward_fn
             )
             ep.shaping_reward += shaping
             reward += shaping
-        self._last_think[i] = parsed.think
+        state.last_think = parsed.think
         return reward

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 from datasets import Dataset
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, use_adapter
@@ -35,6 +35,8 @@ from starpo_trl.advantages import (
     reward_normalization_terms,
     rloo_advantages,
     select_groups,
+    turn_end_mask,
+    whiten,
 )
 from starpo_trl.config import CRITIC_ESTIMATORS, StarPOConfig
 from starpo_trl.critic import Critic, deepspeed_critic_config, explained_variance
@@ -74,6 +76,7 @@ def rollout_config(args: StarPOConfig) -> RolloutConfig:
         format_penalty=args.format_penalty,
         temperature=args.temperature,
         env_step_timeout=args.env_step_timeout,
+        env_runner=args.env_runner,
         think_shaping=ThinkShaping(args.think_bonus, args.think_min_words, args.think_max_words, args.think_copy_penalty),
     )
 
@@ -86,6 +89,12 @@ def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> d
     completion_mask = pad([torch.ones(len(ep.completion_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
     tool_mask = pad([torch.tensor(ep.env_mask, dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
     logps = pad([torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes], padding_value=0.0, padding_side="right")
+    if completion_ids.size(1) == 0:
+        # no episode has a completion token (all failed in reset): one masked padding column keeps
+        # TRL's shapes valid (logits_to_keep=0 would mean "all positions" to the model)
+        completion_ids = torch.full((len(episodes), 1), pad_token_id, dtype=torch.long)
+        completion_mask, tool_mask = torch.zeros_like(completion_ids), torch.zeros_like(completion_ids)
+        logps = torch.zeros(len(episodes), 1)
     return {
         "prompt_ids": prompt_ids.to(device),
         "prompt_mask": prompt_mask.to(device),
@@ -94,6 +103,20 @@ def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> d
         "tool_mask": tool_mask.to(device),
         "sampling_per_token_logps": logps.to(device),
     }
+
+
+class _SkipEmptyUpdate(TrainerCallback):
+    """Drops the gradients before the optimizer step of a skipped (empty) step, so AdamW leaves every
+    weight and its moments as they were (it skips parameters without a gradient). Under DeepSpeed the
+    engine steps inside ``backward``: there the step runs with a zero gradient."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.trainer.skip_update:
+            for p in self.trainer.model.parameters():
+                p.grad = None
 
 
 class MultiTurnStarPOTrainer(GRPOTrainer):
@@ -177,6 +200,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
         self.engine.progress = not args.disable_tqdm and self.accelerator.is_main_process
+        self.skip_update, self.empty_steps_in_a_row = False, 0
+        self.add_callback(_SkipEmptyUpdate(self))
         self.guard = None
         if args.collapse_guard != "off":
             if args.collapse_guard in ("stop", "rollback") and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
@@ -254,6 +279,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             batch["tool_mask"][failed_kept.to(device)] = 0
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        empty = mode == "train" and int(batch["num_items_in_batch"]) == 0
+        if mode == "train":
+            self._check_empty_step(empty)
 
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -264,8 +292,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             advantages = self._critic_advantages(
                 kept, rewards[keep], kept_rewards, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
             )
-            if mode == "train":
-                self._train_critic(input_ids, attention_mask, logits_to_keep, batch["old_values"], batch["returns"], loss_mask)
+            if mode == "train" and not empty:
+                self._train_critic(input_ids, attention_mask, logits_to_keep, batch["old_values"], batch["returns"], batch["value_mask"])
         batch["advantages"] = advantages
         with torch.no_grad():
             generate_every = args.steps_per_generation * self.num_iterations
@@ -322,9 +350,17 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 turn_level_only=args.advantage_estimator == "turn_gae",
             )
             advantages, returns = advantages.to(values.device), returns.to(values.device)
-        batch["old_values"], batch["returns"] = values, returns
+        # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
+        value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
+        batch["old_values"], batch["returns"], batch["value_mask"] = values, returns, value_mask
+        self._metrics[mode]["critic/explained_variance"].append(explained_variance(values, returns, value_mask))
+        if args.whiten_advantages:  # over the model tokens of the whole kept batch, as on one process
+            m = loss_mask.bool()
+            x = advantages[m].double()
+            stats = torch.stack([m.sum().double(), x.sum(), (x * x).sum()])
+            stats = self.accelerator.reduce(stats, reduction="sum") if self.accelerator.num_processes > 1 else stats
+            advantages = whiten(advantages, loss_mask, tuple(stats.tolist()))
         m = loss_mask.bool()
-        self._metrics[mode]["critic/explained_variance"].append(explained_variance(values, returns, loss_mask))
         for name, x in (("advantages", advantages), ("returns", returns), ("values", values)):
             self._metrics[mode][f"{name}/mean"].append(x[m].mean().item() if m.any() else 0.0)
             self._metrics[mode][f"{name}/std"].append(x[m].std().item() if m.sum() > 1 else 0.0)
@@ -352,6 +388,19 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 )
                 for key, value in stats.items():  # averaged by the logger
                     self._metrics["train"][f"critic/{key}"].append(value)
+
+    def _check_empty_step(self, empty: bool) -> None:
+        """A step with no model token to train on is skipped (the optimizer does not step, see
+        ``_SkipEmptyUpdate``); ``max_empty_steps`` of them in a row stop training with an error."""
+        self.skip_update = empty
+        self._metrics["train"]["rollout/empty_step"].append(float(empty))
+        self.empty_steps_in_a_row = self.empty_steps_in_a_row + 1 if empty else 0
+        if self.empty_steps_in_a_row >= self.args.max_empty_steps:
+            raise RuntimeError(
+                f"{self.empty_steps_in_a_row} steps in a row had no model token to train on: every kept episode failed "
+                f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
+                f"({self.args.env_id}) or raise max_empty_steps."
+            )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.critic is not None and self.model.training and self.state.global_step < self.args.critic_warmup_steps:

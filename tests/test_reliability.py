@@ -59,6 +59,75 @@ def test_failing_envs_end_only_their_own_episode(tiny_tokenizer, scripted):
     assert all(ep.done for ep in eps[1:5])
 
 
+class HangingEnv(SokobanEnv):
+    """Seed 1xx5 busy-loops forever in step, seed 1xx6 sleeps forever in reset; others are fine."""
+
+    def reset(self, *, seed=None, options=None):
+        self.mode = seed % 10 if seed is not None and seed > 100 else 0
+        if self.mode == 6:
+            time.sleep(10_000)
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        while self.mode == 5:
+            pass
+        return super().step(action)
+
+
+gym.register("starpo/TestHanging-v0", entry_point=HangingEnv, disable_env_checker=True, order_enforce=False)
+
+
+def test_hung_envs_are_killed_concurrently_and_leave_nothing_behind(tiny_tokenizer, scripted):
+    import os
+    import threading
+
+    import multiprocessing
+
+    threads_before = {t.name for t in threading.enumerate()} | {"tqdm_monitor"}  # tqdm starts its monitor once
+    children_before = {p.pid for p in multiprocessing.active_children()}
+    cfg = RolloutConfig(max_turns=2, env_step_timeout=0.5)
+    engine = RolloutEngine(tiny_tokenizer, scripted("<think>x</think><answer>Up</answer>"), cfg, [tiny_tokenizer.eos_token_id])
+    seeds = (105, 115, 125, 106, 116, 126, 110, 120)  # three busy loops, three hung resets, two fine envs
+    start = time.perf_counter()
+    eps = engine.run([StartState("starpo/TestHanging-v0", s) for s in seeds])
+    wall = time.perf_counter() - start
+    # the timeouts overlap (one reset wave, one step wave), instead of adding up to 6 x 0.5 s
+    assert wall < 2.5, wall
+    assert [("Timeout" in (ep.env_error or "")) for ep in eps] == [True] * 6 + [False] * 2
+    assert eps[6].num_turns == eps[7].num_turns == 2
+    # env time is the time really spent waiting on envs, not the bookkeeping around them
+    assert 1.0 <= engine.timings["env"] <= wall
+    # nothing of a hung env is left running: its worker process is gone, no thread waits on it
+    pids = [w.process.pid for w in engine.runner._idle]
+    assert len(pids) == 2  # only the two healthy workers are kept for the next rollout
+    assert {p.pid for p in multiprocessing.active_children()} - children_before == set(pids)  # the six others were killed
+    time.sleep(0.2)
+    assert {t.name for t in threading.enumerate()} <= threads_before  # no thread still waits on a hung env
+    engine.close()
+    for pid in pids:
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"worker {pid} still alive")
+    # and the next rollout runs at full speed with fresh workers
+    start = time.perf_counter()
+    again = engine.run([StartState("starpo/TestHanging-v0", s) for s in (110, 120)])
+    assert time.perf_counter() - start < 1.0 and all(ep.env_error is None for ep in again)
+    engine.close()
+
+
+def test_timeouts_need_worker_processes():
+    with pytest.raises(ValueError, match="env_runner='processes'"):
+        StarPOConfig(output_dir="/tmp/unused", env_id="starpo/Bandit-v0", env_step_timeout=1.0, env_runner="threads", report_to=[])
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="env_step_timeout"):
+            StarPOConfig(output_dir="/tmp/unused", env_id="starpo/Bandit-v0", env_step_timeout=bad, report_to=[])
+
+
 def _args(tmp_path, **kw):
     base = dict(
         output_dir=str(tmp_path), env_id="starpo/TestFlaky-v0", num_start_states=4, num_generations=4, rollout_filter_ratio=1.0,
@@ -181,3 +250,22 @@ def test_checkpoints_are_safetensors(tmp_path, tiny_tokenizer, small_model):
     MultiTurnStarPOTrainer(small_model, args, processing_class=tiny_tokenizer).train()
     ckpt = tmp_path / "checkpoint-1"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "value_model" / "critic.safetensors").exists()
+
+
+@pytest.mark.parametrize("policy", ["exclude", "failure_reward"])
+def test_a_step_with_no_model_token_is_skipped_then_training_stops(tmp_path, tiny_tokenizer, small_model, scripted, policy):
+    from datasets import Dataset
+
+    starts = Dataset.from_dict({"seed": [101, 111, 121, 131]})  # every reset raises: no episode gets a model token
+    backend = scripted("<think>x</think><answer>Up</answer>")
+    before = {k: v.clone() for k, v in small_model.state_dict().items()}
+    args = _args(tmp_path, env_error_policy=policy, max_steps=2, env_step_timeout=None, weight_decay=0.1)
+    trainer = MultiTurnStarPOTrainer(small_model, args, processing_class=tiny_tokenizer, train_dataset=starts, backend=backend)
+    trainer.train()
+    assert [row["rollout/empty_step"] for row in trainer.state.log_history if "rollout/empty_step" in row] == [1.0, 1.0]
+    # skipped: no optimizer update at all (weight decay alone would have moved every weight)
+    assert all(torch.equal(before[k], v) for k, v in small_model.state_dict().items())
+    args = _args(tmp_path, env_error_policy=policy, max_steps=4, max_empty_steps=3, env_step_timeout=None)
+    trainer = MultiTurnStarPOTrainer(small_model, args, processing_class=tiny_tokenizer, train_dataset=starts, backend=backend)
+    with pytest.raises(RuntimeError, match="3 steps in a row had no model token"):
+        trainer.train()

@@ -222,3 +222,58 @@ def test_linear_parser_finds_what_the_regex_finds(parts):
     assert _find_think_answer(text) == (None if m is None else (m.group(1), m.group(2)))
     m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
     assert _find_answer(text) == (None if m is None else m.group(1))
+
+
+def test_sampling_ignores_the_checkpoints_own_generation_settings(tiny_tokenizer, tiny_model):
+    """Tokens come from softmax(logits / T), whatever the checkpoint's generation_config sets: the
+    recorded logprobs (and TRL's loss) are that distribution's."""
+    def play(model):
+        torch.manual_seed(0)
+        backend = HFBackend(model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+        return engine(tiny_tokenizer, backend, max_turns=2, max_tokens_per_turn=16, temperature=0.7).run(sokoban_starts(2, 2))
+
+    clean = play(tiny_model)
+    opinionated = copy.deepcopy(tiny_model)
+    gc = opinionated.generation_config
+    gc.repetition_penalty, gc.top_k, gc.top_p, gc.temperature, gc.no_repeat_ngram_size = 1.5, 3, 0.3, 0.2, 2
+    gc.do_sample = True
+    processed = play(opinionated)
+    assert [ep.completion_ids for ep in processed] == [ep.completion_ids for ep in clean]
+    assert [ep.logprobs for ep in processed] == [ep.logprobs for ep in clean]
+    assert opinionated.generation_config.repetition_penalty == 1.5  # the model's own config is left as it was
+    # and those settings would have changed the draw: the test can fail
+    torch.manual_seed(0)
+    ids = torch.tensor([clean[0].prompt_ids])
+    out = opinionated.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, pad_token_id=tiny_tokenizer.pad_token_id)
+    assert out[0, ids.shape[1]:].tolist() != clean[0].completion_ids[:16]
+
+
+class ByEnvBackend:
+    """Sokoban episodes get a long reply, others a medium one (decided from the conversation itself,
+    so a reply does not depend on the batch's order)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+        eos = [tokenizer.eos_token_id]
+        self.long = tokenizer("<think>" + "push " * 30 + "</think><answer>Up</answer>", add_special_tokens=False)["input_ids"] + eos
+        self.medium = tokenizer("<think>" + "go " * 22 + "</think><answer>Right</answer>", add_special_tokens=False)["input_ids"] + eos
+
+    def generate(self, sequences, max_new_tokens, temperature):
+        self.calls.append((len(sequences), max_new_tokens))
+        out = []
+        for seq in sequences:
+            ids = self.long if "Sokoban" in self.tokenizer.decode(seq[:200]) else self.medium
+            out.append((ids[:max_new_tokens], [-1.0] * min(len(ids), max_new_tokens)))
+        return out
+
+
+def test_an_episode_is_limited_by_its_own_token_room_only(tiny_tokenizer):
+    cfg = dict(max_turns=5, max_tokens_per_turn=64, max_episode_tokens=230)
+    lake = StartState("starpo/FrozenLake-v0", 0, (("is_slippery", False),))
+    alone = engine(tiny_tokenizer, ByEnvBackend(tiny_tokenizer), **cfg).run([lake])[0]
+    backend = ByEnvBackend(tiny_tokenizer)
+    shared = engine(tiny_tokenizer, backend, **cfg).run([StartState("starpo/Sokoban-v0", 0), lake])
+    # the Sokoban episode runs out of room at turn 3 (its reply is cut there), while the lake's is not
+    assert len(shared[0].completion_ids) == 230 and shared[0].num_format_errors == 1
+    assert shared[1].completion_ids == alone.completion_ids and shared[1].env_mask == alone.env_mask
+    assert shared[1].num_format_errors == alone.num_format_errors == 0
