@@ -2,14 +2,16 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?=
 
 .PHONY: install train test bench bench-learning bench-collapse clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU build of torch first, so no dependency pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	# CPU build of torch first, so no dependency pulls a multi-GB CUDA build (TORCH_INDEX_URL overrides).
+	PY=$(PY) TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX_URL=$(TORCH_INDEX_URL) sh scripts/install_torch.sh
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 

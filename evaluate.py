@@ -1,76 +1,167 @@
-"""Success rate of a model on held-out start states.
+"""Success rate of a model on held-out start states, played as the trainer's held-out evaluation plays them.
 
-    python evaluate.py --model_name_or_path runs/demo/frozenlake --env_id starpo/FrozenLake-v0 \
-        --env_kwargs '{"is_slippery": false}' --num_episodes 256
+    python evaluate.py --model_name_or_path runs/demo/frozenlake
+    python evaluate.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --env_id starpo/Sokoban-v0 --num_episodes 256
 
-Plays ``num_episodes`` episodes from seeds ``[seed_offset, seed_offset + num_episodes)`` (the same
-held-out seeds the trainer evaluates on by default) at ``temperature`` and prints a table;
-``--output FILE`` also writes the metrics as JSON.
+Every episode setting (env and kwargs, seeds, temperature, turn / action / token budgets, think
+format, format penalty, reasoning shaping) defaults to what the model was trained with, read from
+``starpo_rollout.json`` that training saves next to the model, and otherwise to ``StarPOConfig``'s
+own defaults; a flag overrides it. Plays ``num_episodes`` episodes from seeds
+``[seed_offset, seed_offset + num_episodes)`` at ``temperature`` and prints a table; ``--output FILE``
+also writes the metrics, the model and every setting used as JSON. Exits with status 1 when an env
+failed in some episode (the count is printed), 2 on a bad argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+from types import SimpleNamespace
 
 import torch
 
+from starpo_trl.config import ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig
 from starpo_trl.evaluation import episode_metrics
 from starpo_trl.models import eos_token_ids
-from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout import HFBackend, RolloutEngine, StartState
+
+# evaluate.py flag -> StarPOConfig field (the flags keep their short names)
+RENAMED = {"env_id": "eval_env_id", "env_kwargs": "eval_env_kwargs", "seed_offset": "eval_seed_offset",
+           "num_episodes": "num_eval_episodes", "temperature": "eval_temperature"}
 
 
-def evaluate(model, tokenizer, env_id: str, env_kwargs: dict, num_episodes: int, seed_offset: int, temperature: float, config: RolloutConfig, batch_size: int = 256) -> dict:
+def evaluate(model, tokenizer, env_id: str, env_kwargs: dict, num_episodes: int, seed_offset: int, temperature: float, config, batch_size: int = 256) -> dict:
     eos_ids = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = RolloutEngine(tokenizer, HFBackend(model, pad, eos_ids), config, eos_ids)
     kwargs = tuple(sorted(env_kwargs.items()))
     episodes = []
-    for start in range(seed_offset, seed_offset + num_episodes, batch_size):
-        seeds = range(start, min(start + batch_size, seed_offset + num_episodes))
-        episodes += engine.run([StartState(env_id, s, kwargs) for s in seeds], temperature)
+    try:
+        for start in range(seed_offset, seed_offset + num_episodes, batch_size):
+            seeds = range(start, min(start + batch_size, seed_offset + num_episodes))
+            episodes += engine.run([StartState(env_id, s, kwargs) for s in seeds], temperature)
+    finally:
+        engine.close()
     return {"env_id": env_id, "episodes": num_episodes, "temperature": temperature, **episode_metrics(episodes)}
 
 
-def main(argv=None) -> dict:
+def defaults() -> dict:
+    """``StarPOConfig``'s own defaults for the rollout settings (the one source of them)."""
+    fields = {f.name: f for f in dataclasses.fields(StarPOConfig)}
+    out = {}
+    for name in ROLLOUT_SETTINGS:
+        f = fields[name]
+        out[name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+
+def saved_settings(model_dir: str) -> dict:
+    path = os.path.join(model_dir, ROLLOUT_SETTINGS_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    return {k: v for k, v in saved.items() if k in ROLLOUT_SETTINGS}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name_or_path", required=True)
-    p.add_argument("--env_id", required=True)
-    p.add_argument("--env_kwargs", default="{}", help="JSON object of kwargs for gymnasium.make")
-    p.add_argument("--num_episodes", type=int, default=256)
-    p.add_argument("--seed_offset", type=int, default=10_000_000)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--max_turns", type=int, default=5)
-    p.add_argument("--max_actions_per_turn", type=int, default=5)
-    p.add_argument("--max_actions_per_episode", type=int, default=10)
-    p.add_argument("--max_tokens_per_turn", type=int, default=256)
-    p.add_argument("--no_think", action="store_true", help="Ask for <answer> only")
-    p.add_argument("--output", help="Write the metrics here as JSON")
-    a = p.parse_args(argv)
+    p.add_argument("--env_id", help="default: the model's eval_env_id")
+    p.add_argument("--env_kwargs", help="JSON object of kwargs for gymnasium.make (default: the model's eval_env_kwargs)")
+    p.add_argument("--num_episodes", type=int)
+    p.add_argument("--seed_offset", type=int)
+    p.add_argument("--temperature", type=float)
+    for name, kind in (("max_turns", int), ("max_actions_per_turn", int), ("max_actions_per_episode", int), ("max_tokens_per_turn", int),
+                       ("max_episode_tokens", int), ("enable_think", _bool), ("format_penalty", float), ("env_step_timeout", float),
+                       ("env_runner", str), ("think_bonus", float), ("think_min_words", int), ("think_max_words", int),
+                       ("think_copy_penalty", float)):
+        p.add_argument(f"--{name}", type=kind)
+    p.add_argument("--batch_size", type=int, default=256, help="episodes per engine call")
+    p.add_argument("--output", help="write the metrics and settings here as JSON")
+    return p
 
-    from starpo_trl.envs_registry import check_env_id
 
-    check_env_id(a.env_id)
-    env_kwargs = json.loads(a.env_kwargs)
+def resolve(a: argparse.Namespace) -> SimpleNamespace:
+    """Flag > the model's saved settings > StarPOConfig's defaults; then checked before any model loads."""
+    settings = {**defaults(), **saved_settings(a.model_name_or_path)}
+    settings["eval_env_id"] = settings.get("eval_env_id") or settings.get("env_id")
+    if settings.get("eval_env_kwargs") is None:
+        settings["eval_env_kwargs"] = settings.get("env_kwargs") or {}
+    for flag in vars(a):
+        value = getattr(a, flag)
+        if value is not None and (RENAMED.get(flag, flag) in settings):
+            settings[RENAMED.get(flag, flag)] = value
+    if isinstance(settings["eval_env_kwargs"], str):
+        try:
+            settings["eval_env_kwargs"] = json.loads(settings["eval_env_kwargs"])
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--env_kwargs must be a JSON object, got {settings['eval_env_kwargs']!r}: {err}") from None
+    if not isinstance(settings["eval_env_kwargs"], dict):
+        raise ValueError(f"--env_kwargs must be a JSON object of keyword arguments, got {settings['eval_env_kwargs']!r}")
+    if not settings["eval_env_id"]:
+        raise ValueError("--env_id is needed: the model has no saved starpo_rollout.json to take it from.")
+    if settings["num_eval_episodes"] < 1:
+        raise ValueError(f"--num_episodes must be at least 1, got {settings['num_eval_episodes']}")
+    if settings["eval_temperature"] < 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {settings['eval_temperature']}")
+    for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_tokens_per_turn", "max_episode_tokens"):
+        if settings[name] < 1:
+            raise ValueError(f"--{name} must be at least 1, got {settings[name]}")
+    if a.batch_size < 1:
+        raise ValueError(f"--batch_size must be at least 1, got {a.batch_size}")
+    from starpo_trl.envs_registry import check_env_contract, check_env_id
+
+    check_env_id(settings["eval_env_id"], "--env_id")
+    check_env_contract(settings["eval_env_id"], settings["eval_env_kwargs"], "--env_id")
+    if a.output:
+        folder = os.path.dirname(os.path.abspath(a.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (os.path.exists(a.output) and not os.access(a.output, os.W_OK)):
+            raise ValueError(f"--output {a.output!r} cannot be written (its folder must exist and be writable).")
+    return SimpleNamespace(**settings, temperature=settings["eval_temperature"])
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        s = resolve(a)
+    except ValueError as err:
+        print(f"evaluate.py: {err}", file=sys.stderr)
+        return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from starpo_trl.trainer import rollout_config
 
     tokenizer = AutoTokenizer.from_pretrained(a.model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(a.model_name_or_path, dtype="auto")
     model.to("cuda" if torch.cuda.is_available() else "cpu")
-    config = RolloutConfig(
-        max_turns=a.max_turns, max_actions_per_turn=a.max_actions_per_turn, max_actions_per_episode=a.max_actions_per_episode,
-        max_tokens_per_turn=a.max_tokens_per_turn, enable_think=not a.no_think,
-    )
     torch.manual_seed(0)
-    result = evaluate(model, tokenizer, a.env_id, env_kwargs, a.num_episodes, a.seed_offset, a.temperature, config)
-    width = max(len(k) for k in result)
-    print("\n".join(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in result.items()))
+    metrics = evaluate(model, tokenizer, s.eval_env_id, s.eval_env_kwargs, s.num_eval_episodes, s.eval_seed_offset, s.eval_temperature,
+                       rollout_config(s), a.batch_size)
+    result = {"model": a.model_name_or_path, **metrics, "env_kwargs": s.eval_env_kwargs, "seed_offset": s.eval_seed_offset,
+              "settings": {name: getattr(s, name) for name in ROLLOUT_SETTINGS}}
+    width = max(len(k) for k in metrics)
+    print("\n".join(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in metrics.items()))
     if a.output:
         with open(a.output, "w") as f:
             json.dump(result, f, indent=2)
-    return result
+    errors = int(metrics.get("env_errors", 0))
+    if errors:
+        print(f"evaluate.py: the env failed in {errors} of {s.num_eval_episodes} episodes (see env_errors)", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    sys.exit(main())

@@ -21,6 +21,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.config import CRITIC_ESTIMATORS
+from starpo_trl.envs_registry import env_name
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.plotting import plot_curves, plot_dashboard
 from starpo_trl.trainer import rollout_config
@@ -72,8 +73,26 @@ def recipe_text() -> str | None:
     return text + (f"# command-line overrides: {' '.join(overrides)}\n" if overrides else "")
 
 
-def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
-    start = time.time()
+def check_model_source(value: str, name: str) -> None:
+    """A local model directory, or a Hub id whose config resolves now (not after a warm start)."""
+    if os.path.isdir(value):
+        if not os.path.isfile(os.path.join(value, "config.json")):
+            raise ValueError(f"{name}={value!r} is a directory without config.json: give a saved model directory (save_pretrained).")
+        return
+    first = value.split("/")[0]
+    looks_like_path = value.startswith((".", "/", "~")) or value.count("/") > 1 or (first and os.path.isdir(first))
+    if looks_like_path:
+        raise ValueError(f"{name}={value!r}: no such model directory. Check the path (it is not a Hub id either).")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(value)
+    except Exception as err:  # network, unknown repo, gated: all mean it cannot be used
+        raise ValueError(f"{name}={value!r} is neither a local model directory nor a loadable Hub model id: {err}") from None
+
+
+def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
+    """Everything that can be checked before a model loads or a warm start runs."""
     if args.env_id is None:
         raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
     if run_args.critic_init != "policy" and (args.advantage_estimator not in CRITIC_ESTIMATORS or args.critic_type != "full"):
@@ -81,11 +100,41 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             f"critic_init={run_args.critic_init!r} sets the weights of a full critic: use it with critic_type=full and "
             f"advantage_estimator in {sorted(CRITIC_ESTIMATORS)}, or leave critic_init=policy."
         )
-    if run_args.report_path and os.path.abspath(run_args.report_path) == os.path.abspath(os.path.join(args.output_dir, "report.json")):
-        raise ValueError(
-            f"report_path={run_args.report_path!r} is the run's own report (output_dir/report.json, rewritten at the end): "
-            "give report_path another file, e.g. one shared by several runs."
-        )
+    if run_args.critic_init not in ("policy", "pre_warm_start"):
+        check_model_source(run_args.critic_init, "critic_init")
+    resume = args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "yes", "1"):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+        if last is None:
+            raise ValueError(f"resume_from_checkpoint=true, but {args.output_dir!r} holds no checkpoint-N folder to resume from.")
+        args.resume_from_checkpoint = last
+    elif resume and not os.path.isfile(os.path.join(str(resume), "trainer_state.json")):
+        raise ValueError(f"resume_from_checkpoint={resume!r} is not a checkpoint folder (no trainer_state.json there).")
+    if run_args.report_path:
+        if os.path.abspath(run_args.report_path) == os.path.abspath(os.path.join(args.output_dir, "report.json")):
+            raise ValueError(
+                f"report_path={run_args.report_path!r} is the run's own report (output_dir/report.json, rewritten at the end): "
+                "give report_path another file, e.g. one shared by several runs."
+            )
+        if os.path.exists(run_args.report_path):
+            try:
+                with open(run_args.report_path) as f:
+                    report = json.load(f)
+                ok = isinstance(report, dict) and isinstance(report.get("results"), list)
+            except (OSError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"report_path={run_args.report_path!r} exists but is not a report of this script (a JSON object with a "
+                    "'results' list): give another path, or remove that file."
+                )
+
+
+def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
+    start = time.time()
+    check_run(run_args, args)
     if run_args.warm_start_episodes > 0 and (args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
         raise ValueError(
             "The warm start (SFT before RL, for the CPU demos) cannot run under DeepSpeed: a second DeepSpeed Accelerator "
@@ -146,9 +195,9 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     if trainer.accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "report.json"), "w") as f:
             json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)
-        env_name = args.env_id.split("/")[-1]
-        plot_curves(trainer.state.log_history, env_name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
-        plot_dashboard(trainer.state.log_history, os.path.join(args.output_dir, "dashboard.png"), env_name, result["guard_events"], title=args.env_id)
+        name = env_name(args.env_id)
+        plot_curves(trainer.state.log_history, name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
+        plot_dashboard(trainer.state.log_history, os.path.join(args.output_dir, "dashboard.png"), name, result["guard_events"], title=args.env_id)
         if run_args.report_path:
             append_report(run_args.report_path, result, wall)
         print(f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)")

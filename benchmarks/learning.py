@@ -69,7 +69,9 @@ def main() -> None:
 
     results = {}
     for env_id, (recipe, max_steps) in RECIPES.items():
-        name = env_id.split("/")[-1]
+        from starpo_trl.envs_registry import env_name
+
+        name = env_name(env_id)
         warm_dir = OUT / name / "warm"
         run_args, args, model_args, tiny_args = parse(recipe, output_dir=str(warm_dir))
         if not (warm_dir / "model.safetensors").exists():

@@ -9,9 +9,10 @@ one exact rational answer. Levels:
 - 3: a short word problem with two or three steps (shopping, sharing, saving).
 
 ## Actions
-Free text (``action_names`` is None): the number, e.g. ``42``. An arithmetic expression
-(``6 * 7``) or a fraction (``7/2``) is also accepted; it is parsed by ``envs.expression``, never
-``eval``-ed.
+Free text (``action_names`` is None): the number, e.g. ``42``: an integer, a decimal (``3.5``)
+or a fraction in lowest terms (``7/2``), parsed by ``envs.expression.parse_number``. An expression
+(``6 * 7``, ``(16 + 23) * 12``, ``84/12``) is not a number and is an invalid answer: restating the
+question would otherwise score.
 
 ## Observation
 ::
@@ -19,7 +20,7 @@ Free text (``action_names`` is None): the number, e.g. ``42``. An arithmetic exp
     Question: Ana buys 3 boxes of 12 pencils and gives away 5 pencils. How many pencils does she have?
 
 ## Rewards
-1.0 for the exact answer, 0 otherwise.
+1.0 for the exact answer, 0 otherwise (an expression instead of a number: 0, ``action_is_valid`` False).
 
 ## Termination
 Terminated after the first answer. ``success`` means reward 1.
@@ -28,7 +29,7 @@ Terminated after the first answer. ``success`` means reward 1.
 ``level=(1, 2, 3)`` (a level, or a tuple to draw from), ``render_mode=None | "ansi"``.
 
 ## Version history
-v0: first version.
+v0: first version; answers must be numbers (expressions accepted before paid for copying the question).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fractions import Fraction
 import numpy as np
 
 from envs.base import TextEnv, step_info
-from envs.expression import format_number, parse_expression
+from envs.expression import format_number, parse_number
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana"]
 ITEMS = [("box", "pencils"), ("bag", "apples"), ("pack", "cards"), ("crate", "bottles")]
@@ -93,7 +94,8 @@ class ArithmeticEnv(TextEnv):
             raise ValueError(f"level must be 1, 2, 3 or a tuple of them, got {level!r}")
         self.instructions = (
             "You are answering a math question. Answer with the exact number only, e.g. 42 "
-            "(a fraction such as 7/2 is fine). Reward: 1 for the exact answer, 0 otherwise."
+            "(a fraction in lowest terms such as 7/2 is fine; an expression is not an answer). "
+            "Reward: 1 for the exact answer, 0 otherwise."
         )
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -104,8 +106,8 @@ class ArithmeticEnv(TextEnv):
         return self.render_text(), step_info(False, True, False)
 
     def step(self, action: str):
-        parsed = parse_expression(action) if isinstance(action, str) else None
-        correct = parsed is not None and parsed[0] == self.answer
+        parsed = parse_number(action)
+        correct = parsed is not None and parsed == self.answer
         effective = not self.answered
         self.answered = True
         return self.render_text(), float(correct), True, False, step_info(correct, parsed is not None, effective)

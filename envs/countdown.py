@@ -4,8 +4,9 @@
 Three or four numbers and a target that is always reachable: the target is built by combining
 all the numbers in a random order with random operators (exact integer intermediate results).
 The answer is an arithmetic expression using each given number exactly once; it is parsed by
-``envs.expression`` (numbers, + - * /, parentheses; never ``eval``). ``expr = value`` is accepted
-and only the left side is scored.
+``envs.expression`` (numbers, binary + - * /, parentheses; never ``eval``). ``expr = value`` is
+accepted and only the left side is scored. A unary sign (``-7 + 9``) is not allowed: ``-7`` is not
+a given number.
 
 ## Actions
 Free text (``action_names`` is None): an expression such as ``(7 - 3) * 5 + 2``.
@@ -28,7 +29,7 @@ Terminated after the first answer, valid or not. ``success`` means reward 1.
 ``render_mode=None | "ansi"``.
 
 ## Version history
-v0: first version.
+v0: first version; unary signs rejected.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def score_answer(answer: str, numbers: list[int], target: int) -> tuple[float, b
     """``(reward, parsed)`` for an answer, by the rules in the module docstring."""
     if not isinstance(answer, str):
         return 0.0, False
-    parsed = parse_expression(answer.split("=")[0])
+    parsed = parse_expression(answer.split("=")[0], allow_unary=False)
     if parsed is None:
         return 0.0, False
     value, used = parsed

@@ -14,6 +14,15 @@ FILTER_METRICS = ("std", "std_rev", "none")
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "gae", "bilevel_gae", "turn_gae")
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae", "turn_gae")
 # our names for how per-token losses are averaged -> the TRL loss_type that aggregates that way
+# The settings that decide how an episode is played and evaluated: saved next to a trained model
+# (ROLLOUT_SETTINGS_FILE), so evaluate.py plays it exactly as the trainer's held-out evaluation did.
+ROLLOUT_SETTINGS = (
+    "env_id", "env_kwargs", "eval_env_id", "eval_env_kwargs", "eval_seed_offset", "num_eval_episodes", "eval_temperature",
+    "max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_tokens_per_turn", "max_episode_tokens",
+    "enable_think", "format_penalty", "env_step_timeout", "env_runner",
+    "think_bonus", "think_min_words", "think_max_words", "think_copy_penalty",
+)
+ROLLOUT_SETTINGS_FILE = "starpo_rollout.json"
 LOSS_AGGREGATION = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum": "luspo"}
 
 
@@ -364,3 +373,7 @@ class StarPOConfig(GRPOConfig):
         bad = sorted(changing & set(extra or {}))
         if bad:
             raise ValueError(f"generation_kwargs sets {bad}, which change the sampling distribution away from the one the loss trains on: remove them.")
+
+    def rollout_settings(self) -> dict:
+        """The settings in ``ROLLOUT_SETTINGS``, as saved next to a trained model."""
+        return {name: getattr(self, name) for name in ROLLOUT_SETTINGS}

@@ -68,7 +68,7 @@ def load_run(run_dir: str) -> tuple[list[dict], list[dict] | None, str | None]:
     The log history comes from ``report.json`` (written by train.py), else ``trainer_state.json``,
     else the newest ``checkpoint-*/trainer_state.json``.
     """
-    env_name = None
+    name = None
     report = os.path.join(run_dir, "report.json")
     states = [os.path.join(run_dir, "trainer_state.json")] + sorted(
         glob.glob(os.path.join(run_dir, "checkpoint-*", "trainer_state.json")), key=lambda p: int(p.split("-")[-1].split(os.sep)[0]), reverse=True
@@ -77,7 +77,9 @@ def load_run(run_dir: str) -> tuple[list[dict], list[dict] | None, str | None]:
         with open(report) as f:
             data = json.load(f)
         history = data.get("log_history", [])
-        env_name = (data.get("env_id") or "").split("/")[-1] or None
+        from starpo_trl.envs_registry import env_name
+
+        name = env_name(data.get("env_id") or "") or None
     else:
         found = next((p for p in states if os.path.exists(p)), None)
         if found is None:
@@ -89,7 +91,7 @@ def load_run(run_dir: str) -> tuple[list[dict], list[dict] | None, str | None]:
     if os.path.exists(events_path):
         with open(events_path) as f:
             events = json.load(f)
-    return history, events, env_name
+    return history, events, name
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -101,8 +103,8 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     from starpo_trl.plotting import plot_dashboard
 
-    history, events, env_name = load_run(args.run_dir)
-    out = plot_dashboard(history, args.out or os.path.join(args.run_dir, "dashboard.png"), env_name, events, title=os.path.basename(os.path.normpath(args.run_dir)))
+    history, events, name = load_run(args.run_dir)
+    out = plot_dashboard(history, args.out or os.path.join(args.run_dir, "dashboard.png"), name, events, title=os.path.basename(os.path.normpath(args.run_dir)))
     print(out)
     return out
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainerCallback
 
+from starpo_trl.envs_registry import env_name
+
 GUARD_ACTIONS = ("off", "warn", "stop", "rollback")
 
 
@@ -182,8 +184,7 @@ class CollapseGuard(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs and "grad_norm" not in logs:
             return control  # an evaluation or end-of-training log
-        env_name = self.trainer.args.env_id.split("/")[-1]
-        values = signals_from_logs(logs, env_name)
+        values = signals_from_logs(logs, env_name(self.trainer.args.env_id))
         fired = self.monitor.update(state.global_step, values)
         if fired:
             event = {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from starpo_trl.envs_registry import env_name
+
 # (field, label) of the StarPO settings shown in the card
 SETTINGS = (
     ("advantage_estimator", "advantage estimator"),
@@ -66,7 +68,7 @@ def render_model_card(
 ) -> ModelCard:
     """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``
     (``adapter``: the saved weights are a PEFT adapter on ``base_model``)."""
-    env = args.env_id.split("/")[-1]
+    env = env_name(args.env_id)
     data = ModelCardData(
         base_model=base_model,
         library_name="peft" if adapter else "transformers",
@@ -96,8 +98,8 @@ def render_model_card(
         "",
         evaluation_table(evaluation or {}),
         "",
-        "Reproduce with `python evaluate.py --model_name_or_path MODEL --env_id "
-        + f"{eval_env} --env_kwargs '{_json(args.eval_env_kwargs)}' --num_episodes {args.num_eval_episodes}`.",
+        "Reproduce with `python evaluate.py --model_name_or_path MODEL`: it plays the same held-out seeds with the "
+        "same env, kwargs, temperature and budgets, read from `starpo_rollout.json` saved with the model (flags override them).",
         "",
         "## StarPO settings",
         "",
@@ -116,8 +118,3 @@ def render_model_card(
     lines += ["", "## Citation", "", "```bibtex", CITATION, "```", ""]
     return ModelCard("\n".join(lines))
 
-
-def _json(obj) -> str:
-    import json
-
-    return json.dumps(obj, sort_keys=True)

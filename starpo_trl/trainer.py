@@ -10,6 +10,7 @@ Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from contextlib import nullcontext
@@ -38,9 +39,10 @@ from starpo_trl.advantages import (
     turn_end_mask,
     whiten,
 )
-from starpo_trl.config import CRITIC_ESTIMATORS, StarPOConfig
+from starpo_trl.config import CRITIC_ESTIMATORS, ROLLOUT_SETTINGS_FILE, StarPOConfig
 from starpo_trl.critic import Critic, deepspeed_critic_config, explained_variance
 from starpo_trl.diagnostics import reasoning_metrics
+from starpo_trl.envs_registry import env_name
 from starpo_trl.evaluation import episode_metrics
 from starpo_trl.prompting import parse_reply
 from starpo_trl.guard import CollapseGuard, rules_from_config
@@ -103,6 +105,9 @@ def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> d
         "tool_mask": tool_mask.to(device),
         "sampling_per_token_logps": logps.to(device),
     }
+
+
+RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
 
 
 class _SkipEmptyUpdate(TrainerCallback):
@@ -418,15 +423,25 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         if self.critic is not None:  # on every process: gathering a sharded critic optimizer is collective
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             self.critic.save(os.path.join(folder, "value_model"), write=self.args.should_save)
+        if self.args.should_save:  # what the next step's metrics compare against (the last step's reasoning)
+            with open(os.path.join(folder, RUN_STATE_FILE), "w") as f:
+                json.dump({"previous_thinks": getattr(self, "_previous_thinks", None), "empty_steps_in_a_row": self.empty_steps_in_a_row}, f)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.load_critic(checkpoint)
+            path = os.path.join(checkpoint, RUN_STATE_FILE)
+            if os.path.isfile(path):
+                with open(path) as f:
+                    state = json.load(f)
+                if state.get("previous_thinks") is not None:
+                    self._previous_thinks = state["previous_thinks"]
+                self.empty_steps_in_a_row = int(state.get("empty_steps_in_a_row", 0))
 
     def load_critic(self, checkpoint: str) -> None:
         """Restore the critic (weights and optimizer) saved in ``checkpoint/value_model``, if any."""
@@ -436,6 +451,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
+        if self.args.should_save:  # how to play this model's episodes: evaluate.py reads it back
+            folder = output_dir or self.args.output_dir
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, ROLLOUT_SETTINGS_FILE), "w") as f:
+                json.dump(self.args.rollout_settings(), f, indent=2)
         if self.critic is not None and not _internal_call:  # every process calls save_model, as Trainer expects
             self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save)
 
@@ -459,7 +479,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         ``advantages`` are this process's rows, gathered for the sample table."""
         group = self.num_generations
         metrics = episode_metrics(episodes, group)
-        name = self.args.env_id.split("/")[-1]
+        name = env_name(self.args.env_id)
         for key, value in metrics.items():
             self._metrics[mode][f"env/{name}/{key}"].append(value)
         if self.args.enable_think:  # echo-trap indicators on the decoded reasoning

@@ -239,7 +239,8 @@ def test_sharded_critic_matches_plain_adamw_across_two_processes(tmp_path, mode)
             assert sharded_norm == pytest.approx(plain_norm, rel=1e-5) and sharded_norm > 0.05
         assert r["saved_diff"] == 0.0 and r["resume_diff"] == 0.0
         if mode == "fsdp":  # the files of an unsharded critic: a plain critic resumes them, bit for bit
-            assert r["max_diff"] == 0.0 and r["plain_loads"] == "loaded" and r["plain_resume_diff"] == 0.0
+            # (FSDP's reduce-scatter sums in another order than one process: float32 rounding, 1e-7 here)
+            assert r["max_diff"] < 1e-6 and r["plain_loads"] == "loaded" and r["plain_resume_diff"] == 0.0
         else:
             assert "saved under DeepSpeed" in r["plain_loads"]
             # from a policy partitioned at load (zero3_init_flag): the gathered weights, not empty shards

@@ -256,11 +256,46 @@ def test_arithmetic_answers_by_hand_and_expert():
     assert env.step("7/2")[1] == 1.0
     env.reset(seed=0)
     env.answer = Fraction(42)
-    assert env.step(" 6 * 7 ")[1] == 1.0
+    assert env.step(" 42 ")[1] == 1.0 and env.step("42.0")[1] == 1.0
+    env.reset(seed=0)
+    _, r, _, _, info = env.step(" 6 * 7 ")  # an expression is not a number
+    assert r == 0.0 and not info["action_is_valid"]
     env.reset(seed=0)
     env.answer = Fraction(42)
     _, r, _, _, info = env.step("forty-two")
     assert r == 0.0 and not info["action_is_valid"]
+
+
+def test_arithmetic_does_not_pay_for_restating_the_question():
+    import re
+
+    env = gym.make("starpo/Arithmetic-v0").unwrapped
+    paid = 0
+    for seed in range(200):
+        env.reset(seed=seed)
+        expression = re.search(r"What is (.*)\?", env.question)
+        if expression is not None:  # levels 1 and 2 ask for the value of an expression
+            paid += env.step(expression.group(1))[1]
+            env.reset(seed=seed)
+        numbers = [int(n) for n in re.findall(r"\d+", env.question)]
+        if len(numbers) >= 2:  # word problems: "total / friends" written out
+            paid += env.step(f"{numbers[0]}/{numbers[1]}")[1] if Fraction(numbers[0], numbers[1]).denominator != numbers[1] else 0
+    assert paid == 0
+    from envs.expression import parse_number
+
+    assert parse_number("7/2") == Fraction(7, 2) and parse_number("-3.25") == Fraction(-13, 4) and parse_number("+12") == 12
+    for bad in ("84/12", "7/1", "1/0", "6*7", "(42)", "4 2", "", "--4", "0x2A", "1e3", "1,200"):
+        assert parse_number(bad) is None, bad
+
+
+def test_countdown_pays_only_for_the_given_numbers_each_once():
+    numbers, target = [3, 5], 2
+    assert score_answer("5 - 3", numbers, target) == (1.0, True)
+    assert score_answer("-3 + 5", numbers, target) == (0.0, False)  # -3 is not a given number
+    assert score_answer("+5 - 3", numbers, target) == (0.0, False)
+    assert score_answer("5 - 3 - 0", numbers, target) == (0.0, True)
+    assert score_answer("5 - 3 + 3 - 3", numbers, target) == (0.0, True)
+    assert score_answer("5.0 - 3", numbers, target) == (1.0, True)  # the same number, written with a decimal point
 
 
 def test_expression_parser_rejects_everything_but_arithmetic():

@@ -189,8 +189,25 @@ def test_episode_token_cap_keeps_logprobs_exact(tiny_tokenizer, tiny_model):
 def test_bad_configuration_fails_before_any_model_loads(tmp_path):
     with pytest.raises(ValueError, match="finite"):
         _args(tmp_path, env_id="starpo/TestNaN-v0")
-    with pytest.raises(ValueError, match="does not accept env_kwargs"):
+    with pytest.raises(ValueError, match="takes no argument 'no_such_kwarg'"):
         _args(tmp_path, env_id="starpo/Sokoban-v0", env_kwargs={"no_such_kwarg": 1})
+    with pytest.raises(ValueError, match="is_slippery='false' is a str, expected bool"):
+        _args(tmp_path, env_id="starpo/FrozenLake-v0", env_kwargs='{"is_slippery": "false"}')
+    with pytest.raises(ValueError, match="JSON object of keyword arguments"):
+        _args(tmp_path, env_kwargs="[1, 2]")
+    _args(tmp_path, env_id="starpo/FrozenLake-v0", env_kwargs={"is_slippery": False, "p": 1, "max_episode_steps": 9})  # int for a float, make's own
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("gamma", -1.0), ("lam", 2.0), ("turn_gamma", 1.5), ("turn_lambda", -0.1), ("critic_learning_rate", -1.0), ("value_clip", -0.5),
+     ("num_eval_episodes", 0), ("eval_temperature", -0.5), ("temperature", 0.0), ("format_penalty", 0.5), ("env_step_timeout", float("nan")),
+     ("critic_warmup_steps", -1), ("num_train_seeds", 0), ("max_steps", 0), ("max_empty_steps", 0), ("top_k", 20), ("top_p", 0.9),
+     ("min_p", 0.05), ("repetition_penalty", 1.05), ("generation_kwargs", {"presence_penalty": 0.5})],
+)
+def test_numeric_settings_out_of_range_fail_with_the_field_named(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field.split("_kwargs")[0]):
+        _args(tmp_path, **{field: value})
     with pytest.raises(ValueError, match="env_error_policy"):
         _args(tmp_path, env_error_policy="ignore")
     with pytest.raises(ValueError, match="Known starpo envs"):
@@ -234,6 +251,9 @@ def test_resume_continues_with_the_same_start_states_and_metrics(tmp_path, tiny_
     for a, b in zip(full_rows[-2:], resumed_rows[-2:]):
         assert a["step"] == b["step"] and a["reward"] == pytest.approx(b["reward"], abs=1e-6)
         assert a["env/Sokoban-v0/success"] == b["env/Sokoban-v0/success"]
+        # the first resumed step still compares its reasoning with the step before the checkpoint
+        assert "reasoning/similarity_to_previous_step" in b
+        assert a["reasoning/similarity_to_previous_step"] == pytest.approx(b["reasoning/similarity_to_previous_step"])
 
 
 def test_no_eval_exec_or_shell_in_library_code():

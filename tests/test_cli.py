@@ -1,0 +1,156 @@
+"""The command lines: checks before any model loads, evaluate.py reproducing training's evaluation,
+envs from the user's own modules, and the CPU install of torch."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+USER_ENVS = str(pathlib.Path(__file__).resolve().parent / "user_envs")
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([USER_ENVS, str(ROOT)])}
+
+
+def _main(tmp_path, *extra):
+    """train.main on parsed arguments (in process: every failure here comes before a model loads)."""
+    from trl import ModelConfig, TrlParser
+
+    sys.path.insert(0, str(ROOT))
+    import train
+    from starpo_trl import StarPOConfig
+    from starpo_trl.models import TinyModelArguments
+
+    parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    argv = ["--model_name_or_path", "tiny", "--env_id", "starpo/Bandit-v0", "--output_dir", str(tmp_path / "out"), "--report_to", "none", *extra]
+    return train.main(*parser.parse_args_and_config(args=argv))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--advantage_estimator", "gae", "--critic_init", str(pathlib.Path("runs") / "typo" / "critic")], "no such model directory"),
+        (["--advantage_estimator", "gae", "--critic_init", "./typo"], "no such model directory"),
+        (["--resume_from_checkpoint", "/no/such/checkpoint-3"], "not a checkpoint folder"),
+        (["--resume_from_checkpoint", "true"], "holds no checkpoint"),
+    ],
+)
+def test_train_refuses_bad_paths_before_any_model_loads(tmp_path, extra, message, monkeypatch):
+    import starpo_trl.models
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(starpo_trl.models, "load_model_and_tokenizer", no_load)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    import train
+
+    monkeypatch.setattr(train, "load_model_and_tokenizer", no_load)
+    with pytest.raises(ValueError, match=message):
+        _main(tmp_path, *extra)
+    assert not (tmp_path / "out").exists()  # a failed run leaves no output directory behind
+
+
+def test_train_refuses_a_report_path_of_another_shape(tmp_path, monkeypatch):
+    import train
+
+    monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([1, 2, 3]))
+    with pytest.raises(ValueError, match="not a report of this script"):
+        _main(tmp_path, "--report_path", str(other))
+    other.write_text("{not json")
+    with pytest.raises(ValueError, match="not a report of this script"):
+        _main(tmp_path, "--report_path", str(other))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_episodes", "0"], "at least 1"),
+        (["--env_kwargs", '{"is_slippery": "false"}'], "expected bool"),
+        (["--env_kwargs", "[1, 2]"], "JSON object"),
+        (["--env_kwargs", '{"no_such": 1}'], "takes no argument"),
+        (["--output", "/no/such/dir/eval.json"], "cannot be written"),
+        (["--temperature", "-1"], ">= 0"),
+    ],
+)
+def test_evaluate_refuses_bad_arguments_before_loading(tmp_path, args, message):
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0", *args],
+        capture_output=True, text=True, cwd=tmp_path, env=_env(),
+    )
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_user_env_trains_and_evaluate_reproduces_the_training_evaluation(tmp_path):
+    """A custom env from the user's own module (``module:EnvName-v0``) through train.py, then
+    evaluate.py with nothing but the model directory: same env, seeds and settings, same result."""
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, str(ROOT / "train.py"), "--model_name_or_path", "tiny", "--tiny_hidden_size", "32", "--tiny_num_layers", "1",
+        "--env_id", "coin_guess:CoinGuess-v0", "--env_kwargs", '{"bias": 0.7}', "--output_dir", str(out), "--max_steps", "1",
+        "--num_start_states", "2", "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--rollout_filter_ratio", "1.0", "--num_eval_episodes", "6", "--eval_temperature", "0", "--max_turns", "1",
+        "--max_tokens_per_turn", "12", "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--save_strategy", "no",
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tmp_path, env=_env())
+    report = json.loads((out / "report.json").read_text())
+    assert report["env_id"] == "coin_guess:CoinGuess-v0"
+    assert any("env/CoinGuess-v0/success" in row for row in report["log_history"])
+    card = (out / "README.md").read_text()
+    assert "python evaluate.py --model_name_or_path MODEL`" in card
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(out), "--output", str(tmp_path / "eval.json")],
+        capture_output=True, text=True, cwd=tmp_path, env=_env(),
+    )
+    assert res.returncode == 0, res.stderr
+    evaluation = json.loads((tmp_path / "eval.json").read_text())
+    assert evaluation["model"] == str(out) and evaluation["env_id"] == "coin_guess:CoinGuess-v0"
+    assert evaluation["env_kwargs"] == {"bias": 0.7} and evaluation["episodes"] == 6 and evaluation["temperature"] == 0
+    assert evaluation["settings"]["max_turns"] == 1 and evaluation["settings"]["max_tokens_per_turn"] == 12
+    for key in ("success", "reward_mean", "turns", "format_error_rate"):  # greedy: the very same episodes
+        assert evaluation[key] == pytest.approx(report["after"][key]), key
+
+
+def test_evaluate_exits_non_zero_when_envs_fail(tmp_path):
+    from starpo_trl.tiny import save_tiny
+
+    path = save_tiny(str(tmp_path / "model"), hidden_size=32, num_layers=1)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", path, "--env_id", "failing_env:AlwaysFails-v0",
+         "--num_episodes", "3", "--max_tokens_per_turn", "4", "--output", str(tmp_path / "eval.json")],
+        capture_output=True, text=True, cwd=tmp_path, env=_env(),
+    )
+    assert res.returncode == 1 and "the env failed in 3 of 3 episodes" in res.stderr
+    assert json.loads((tmp_path / "eval.json").read_text())["env_errors"] == 3
+
+
+@pytest.mark.parametrize(
+    "index_url, local, expected",
+    [
+        ("https://mirror.example/whl/cpu", True, ["torch==2.13.0 --index-url https://mirror.example/whl/cpu"]),
+        ("", True, ["--no-index torch==2.13.0"]),
+        ("", False, ["--no-index torch==2.13.0", "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"]),
+    ],
+)
+def test_torch_install_takes_the_cpu_build(tmp_path, index_url, local, expected):
+    """A local CPU wheel that pip is configured to find is used as is; otherwise PyTorch's CPU index
+    (never PyPI's default CUDA build); TORCH_INDEX_URL overrides both."""
+    log = tmp_path / "pip.log"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\nshift 2\n"  # "-m pip"
+        f'echo "$*" | sed "s/^install -q //" >> {log}\n'
+        f'case "$*" in *--no-index*) exit {0 if local else 1};; esac\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "TORCH_INDEX_URL": index_url, "TORCH_VERSION": "2.13.0"}
+    subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh")], check=True, env=env, capture_output=True)
+    assert log.read_text().split("\n")[:-1] == expected
