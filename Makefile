@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install train test bench bench-learning bench-collapse clean
+.PHONY: install train test bench bench-learning bench-collapse bench-whitening clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,9 @@ bench-learning: $(STAMP)
 
 bench-collapse: $(STAMP)
 	$(PY) benchmarks/collapse.py
+
+bench-whitening: $(STAMP)
+	$(PY) benchmarks/whitening.py
 
 clean:
 	rm -rf $(VENV) runs

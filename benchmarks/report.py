@@ -109,6 +109,17 @@ def write(results: dict) -> None:
                   "point of no return, one rollout before success drops to 0 (the format breaks down); in-group reward std and "
                   "entropy had been falling for some 20 steps before, but crossed 0.4 of their early level only after the crash. "
                   "A single spike of 20x at step 14 recovered, which is why one spike alone does not warn.", ""]
+    if "whitening" in results:
+        r = results["whitening"]
+        lines += [f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {r['machine']}, {r['measured_at']})", "",
+                  f"`{r['recipe']}` (tiny model, warm start, full critic, 100 steps, seed 0) with `whiten_advantages` on and off; "
+                  "held-out success on 256 episodes; explained variance of the critic averaged over windows of 20 steps.", "",
+                  "| run | success before | success after | critic explained variance by 20 steps | mean advantages std | wall s |",
+                  "|---|---|---|---|---|---|"]
+        for name, x in r["runs"].items():
+            lines.append(f"| {name} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
+                         f"{', '.join(f'{v:.2f}' for v in x['explained_variance_by_20_steps'])} | {x['advantages_std_mean']:.3f} | {x['wall_seconds']:.0f} |")
+        lines.append("")
     lines += ["## GPU checks (`bash scripts/gpu_check.sh`)", ""]
     if "gpu_check" in results:
         r = results["gpu_check"]
