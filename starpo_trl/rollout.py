@@ -94,7 +94,7 @@ def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list
     return GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=1.0 if greedy else temperature,
         top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, min_new_tokens=0, renormalize_logits=False,
+        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False,
         eos_token_id=list(eos_token_ids), pad_token_id=pad_token_id, output_logits=True, return_dict_in_generate=True,
     )
 

@@ -1,0 +1,105 @@
+"""A real pretrained instruct model (SmolLM2-135M-Instruct, offline: starpo_trl.offline_model) through
+the exact-token checks and one LoRA StarPO step: its own tokenizer, ChatML template with a default
+system prompt, eos <|im_end|>. The model directory is built on first use (about 45 s)."""
+
+import pytest
+import torch
+
+from starpo_trl.models import eos_token_ids
+from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from starpo_trl.offline_model import build
+
+    path = build()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return path, tokenizer, model
+
+
+def _engine(tokenizer, model, system_prompt="You are a helpful assistant.", **cfg):
+    eos = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
+    backend = HFBackend(model, tokenizer.pad_token_id, eos)
+    return RolloutEngine(tokenizer, backend, RolloutConfig(**cfg), eos, system_prompt=system_prompt)
+
+
+def test_the_real_template_is_prefix_preserving_with_and_without_its_default_system_prompt(smollm2):
+    _, tokenizer, model = smollm2
+    assert tokenizer.convert_ids_to_tokens(eos_token_ids(tokenizer, model.generation_config.eos_token_id)) == ["<|im_end|>"]
+    for system in (None, "You are a helpful assistant."):
+        chat = ChatFormat(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")], system)
+        assert chat.chat_template is None  # the model's own template, not a replacement
+        prompt = tokenizer.decode(chat.prompt_ids("hello"))
+        default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        assert (default in prompt) == (system is None) and prompt.endswith("<|im_start|>assistant\n")
+        assert tokenizer.decode(chat.message_ids({"role": "user", "content": "next"})) == "\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_real_model_episodes_are_exact_to_the_token(smollm2):
+    """Sampling logprobs equal a forward pass over the whole episode; env spans decode to exactly the
+    rendered user messages; model spans are what was sampled, ending in <|im_end|> or cut."""
+    _, tokenizer, model = smollm2
+    torch.manual_seed(0)
+    engine = _engine(tokenizer, model, None, max_turns=3, max_tokens_per_turn=12, temperature=0.8)  # the template's own system prompt
+    episodes = engine.run([StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in (0, 1)])
+    for ep in episodes:
+        assert ep.num_turns >= 2 and len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
+        ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].float() / 0.8
+        logps = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)[len(ep.prompt_ids) - 1 :]
+        mask = torch.tensor(ep.env_mask, dtype=torch.bool)
+        assert torch.allclose(logps[mask], torch.tensor(ep.logprobs)[mask], atol=2e-4)
+        # env spans: an <|im_end|> closing a cut reply (if any), then exactly the rendered user message
+        users = [m["content"] for m in ep.messages if m["role"] == "user"][1:]
+        spans, start = [], None
+        for i, m in enumerate(ep.env_mask + [1]):
+            if m == 0 and start is None:
+                start = i
+            elif m == 1 and start is not None:
+                spans.append(tokenizer.decode(ep.completion_ids[start:i]))
+                start = None
+        assert len(spans) == len(users)
+        for text, content in zip(spans, users):
+            assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_real_model_truncation_keeps_masks_and_logprobs_exact(smollm2):
+    _, tokenizer, model = smollm2
+    torch.manual_seed(1)
+    engine = _engine(tokenizer, model, max_turns=5, max_tokens_per_turn=10, max_episode_tokens=150)
+    (ep,) = engine.run([StartState("starpo/Sokoban-v0", 3)])
+    assert ep.truncated and ep.env_mask[-1] == 1 and len(ep.completion_ids) <= 150
+    ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None]).squeeze(1)
+    mask = torch.tensor(ep.env_mask, dtype=torch.bool)
+    assert torch.allclose(logps[len(ep.prompt_ids) - 1 :][mask], torch.tensor(ep.logprobs)[mask], atol=2e-4)
+
+
+def test_one_lora_starpo_step_on_bandit_with_the_real_model(smollm2, tmp_path):
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+
+    path, tokenizer, _ = smollm2
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # the model as any user loads it
+    args = StarPOConfig(
+        output_dir=str(tmp_path), env_id="starpo/Bandit-v0", num_start_states=2, num_generations=2, rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=1, max_turns=1, max_tokens_per_turn=16,
+        learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True, seed=0, use_cpu=True,
+    )
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=lora)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    moved = [n for n, p in before.items() if not torch.equal(p, after[n])]
+    assert moved and all("lora_" in n for n in moved)
+    row = next(r for r in trainer.state.log_history if "env/Bandit-v0/success" in r)
+    assert 0.0 <= row["env/Bandit-v0/format_error_rate"] <= 1.0 and row["completions/mean_length"] > 0
