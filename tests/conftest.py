@@ -54,3 +54,29 @@ def scripted(tiny_tokenizer):
         return ScriptedBackend(tiny_tokenizer, replies, tiny_tokenizer.eos_token_id)
 
     return make
+
+
+def assert_logprobs_match_a_forward_pass(model, ep, temperature: float = 1.0, atol: float = 1e-4):
+    """The episode's recorded sampling logprobs equal ``log_softmax(logits / T)`` of one forward pass
+    over prompt + completion, on every model token; env tokens carry 0."""
+    import torch
+
+    ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].float() / temperature
+    logps = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)[len(ep.prompt_ids) - 1 :]
+    mask = torch.tensor(ep.env_mask, dtype=torch.bool)
+    assert torch.allclose(logps[mask], torch.tensor(ep.logprobs)[mask], atol=atol)
+    assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.env_mask) if m == 0)
+
+
+def env_spans(ep) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of env tokens in an episode's completion."""
+    spans, start = [], None
+    for i, m in enumerate(ep.env_mask + [1]):
+        if m == 0 and start is None:
+            start = i
+        elif m == 1 and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans

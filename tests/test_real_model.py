@@ -5,6 +5,7 @@ system prompt, eos <|im_end|>. The model directory is built on first use (about 
 import pytest
 import torch
 
+from conftest import assert_logprobs_match_a_forward_pass, env_spans
 from starpo_trl.models import eos_token_ids
 from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
 
@@ -48,21 +49,10 @@ def test_real_model_episodes_are_exact_to_the_token(smollm2):
     episodes = engine.run([StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in (0, 1)])
     for ep in episodes:
         assert ep.num_turns >= 2 and len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
-        ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, :-1].float() / 0.8
-        logps = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)[len(ep.prompt_ids) - 1 :]
-        mask = torch.tensor(ep.env_mask, dtype=torch.bool)
-        assert torch.allclose(logps[mask], torch.tensor(ep.logprobs)[mask], atol=2e-4)
+        assert_logprobs_match_a_forward_pass(model, ep, temperature=0.8, atol=2e-4)
         # env spans: an <|im_end|> closing a cut reply (if any), then exactly the rendered user message
         users = [m["content"] for m in ep.messages if m["role"] == "user"][1:]
-        spans, start = [], None
-        for i, m in enumerate(ep.env_mask + [1]):
-            if m == 0 and start is None:
-                start = i
-            elif m == 1 and start is not None:
-                spans.append(tokenizer.decode(ep.completion_ids[start:i]))
-                start = None
+        spans = [tokenizer.decode(ep.completion_ids[a:b]) for a, b in env_spans(ep)]
         assert len(spans) == len(users)
         for text, content in zip(spans, users):
             assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
@@ -74,11 +64,7 @@ def test_real_model_truncation_keeps_masks_and_logprobs_exact(smollm2):
     engine = _engine(tokenizer, model, max_turns=5, max_tokens_per_turn=10, max_episode_tokens=150)
     (ep,) = engine.run([StartState("starpo/Sokoban-v0", 3)])
     assert ep.truncated and ep.env_mask[-1] == 1 and len(ep.completion_ids) <= 150
-    ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
-    with torch.no_grad():
-        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None]).squeeze(1)
-    mask = torch.tensor(ep.env_mask, dtype=torch.bool)
-    assert torch.allclose(logps[len(ep.prompt_ids) - 1 :][mask], torch.tensor(ep.logprobs)[mask], atol=2e-4)
+    assert_logprobs_match_a_forward_pass(model, ep, atol=2e-4)
 
 
 def test_one_lora_starpo_step_on_bandit_with_the_real_model(smollm2, tmp_path):

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 import torch
 import trl
 
+from conftest import assert_logprobs_match_a_forward_pass, env_spans
 from starpo_trl.prompting import parse_reply
 from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
 
@@ -21,30 +22,13 @@ def sokoban_starts(n_states=2, group=3):
     return [StartState("starpo/Sokoban-v0", s) for s in range(n_states) for _ in range(group)]
 
 
-def env_spans(ep):
-    spans, start = [], None
-    for i, m in enumerate(ep.env_mask + [1]):
-        if m == 0 and start is None:
-            start = i
-        elif m == 1 and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
-
-
 def test_sampling_logprobs_are_reproduced_by_a_forward_pass(tiny_tokenizer, tiny_model):
     torch.manual_seed(0)
     backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
     eps = engine(tiny_tokenizer, backend, max_turns=3, max_tokens_per_turn=12, temperature=0.7).run(sokoban_starts())
     for ep in eps:
         assert ep.num_turns == 3 and len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
-        ids = torch.tensor([ep.prompt_ids + ep.completion_ids])
-        with torch.no_grad():
-            logits = tiny_model(ids).logits[0, :-1].float() / 0.7
-        logps = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)[len(ep.prompt_ids) - 1 :]
-        mask = torch.tensor(ep.env_mask, dtype=torch.bool)
-        assert torch.allclose(logps[mask], torch.tensor(ep.logprobs)[mask], atol=1e-4)
-        assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.env_mask) if m == 0)
+        assert_logprobs_match_a_forward_pass(tiny_model, ep, temperature=0.7)
 
 
 def test_env_spans_decode_to_exactly_the_rendered_messages(tiny_tokenizer, scripted):
@@ -195,8 +179,6 @@ def test_env_that_raises_ends_only_its_episode(tiny_tokenizer, scripted, monkeyp
 
 def test_reply_parsing_is_linear_in_the_reply_length():
     import time
-
-    from starpo_trl.prompting import parse_reply
 
     for reply in ("<think></think><answer>" * 45_000, "<think><answer></think>" * 45_000, "<answer>" * 120_000, "</think>" * 120_000):
         assert len(reply) >= 960_000
