@@ -133,6 +133,32 @@ def test_trainer_critic_advantages_are_per_token_and_masked(tmp_path, tiny_token
         assert torch.all(totals < 0)  # step costs and format penalties of an untrained model
 
 
+def test_critic_advantages_are_whitened_over_model_tokens_and_the_value_targets_chosen(tmp_path, tiny_tokenizer, policy):
+    from starpo_trl.advantages import whiten
+
+    seeds = [{"seed": s} for s in range(2) for _ in range(4)]
+    raw_args = make_args(tmp_path, advantage_estimator="turn_gae", use_turn_rewards=True, whiten_advantages=False)
+    torch.manual_seed(0)
+    raw = MultiTurnStarPOTrainer(policy, raw_args, processing_class=tiny_tokenizer)._generate_and_score_completions(seeds)
+    args = make_args(tmp_path, advantage_estimator="turn_gae", use_turn_rewards=True, value_loss_tokens="turn_ends")
+    torch.manual_seed(0)
+    trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer)
+    batch = trainer._generate_and_score_completions(seeds)
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    assert torch.equal(batch["completion_ids"], raw["completion_ids"])  # the same episodes
+    adv = batch["advantages"][mask.bool()]
+    assert abs(adv.mean().item()) < 1e-5 and adv.std().item() == pytest.approx(1.0, abs=1e-4)
+    assert torch.allclose(batch["advantages"], whiten(raw["advantages"], mask), atol=1e-6)
+    # turn_ends: the critic's targets are each turn's last model token only, where the return is G_k
+    ends = torch.zeros_like(mask)
+    for row in range(len(mask)):
+        model = mask[row].nonzero().flatten().tolist()
+        for a, b in zip(model, model[1:] + [None]):
+            if b is None or b != a + 1:  # last model token before an env span or the end
+                ends[row, a] = 1
+    assert torch.equal(batch["value_mask"], ends) and torch.equal(raw["value_mask"], mask)
+
+
 def test_trainer_trains_and_resumes_the_critic(tmp_path, tiny_tokenizer, policy):
     args = make_args(tmp_path, advantage_estimator="gae", save_strategy="steps", save_steps=2, max_steps=2)
     trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer)
