@@ -2,9 +2,11 @@
 
 ``import envs`` registers:
 
-===========================  ===============================================================
+================================  ===============================================================
 ``starpo/Bandit-v0``         two named arms, one pull (``envs.bandit``)
 ``starpo/BanditTest-v0``     the same with held-out arm names, for the generalisation check
+``starpo/BanditSymbolic-v0``  the paper's form: names only (Phoenix / Dragon), reason from their meaning
+``starpo/BanditSymbolicTest-v0``  the same with held-out name pairs
 ``starpo/Sokoban-v0``        6x6 room, one box (``envs.sokoban``)
 ``starpo/SokobanAlt-v0``     the same with another symbol set
 ``starpo/FrozenLake-v0``     random slippery 4x4 lake per seed (``envs.frozen_lake``)
@@ -12,7 +14,7 @@
 ``starpo/Arithmetic-v0``     generated math questions (``envs.arithmetic``)
 ``starpo/Taxi-v0``           Gymnasium's Taxi as text (``envs.toy_text``)
 ``starpo/CliffWalking-v0``   Gymnasium's CliffWalking as text (``envs.toy_text``)
-===========================  ===============================================================
+================================  ===============================================================
 
 Any of them: ``gymnasium.make("starpo/Sokoban-v0", dim_room=(8, 8), num_boxes=2)``.
 """
@@ -24,6 +26,11 @@ from envs.base import TextEnv, noisy_expert_action
 ENV_IDS: dict[str, tuple[str, dict]] = {
     "starpo/Bandit-v0": ("envs.bandit:BanditEnv", {}),
     "starpo/BanditTest-v0": ("envs.bandit:BanditEnv", {"arm_names": ("Tiger", "Crane")}),
+    "starpo/BanditSymbolic-v0": ("envs.bandit:BanditEnv", {"arm_names": ("Phoenix", "Dragon"), "show_payouts": False}),
+    "starpo/BanditSymbolicTest-v0": (
+        "envs.bandit:BanditEnv",
+        {"arm_names": [("Turtle", "Shark"), ("Bank", "Casino"), ("Shield", "Sword"), ("Oak", "Storm")], "show_payouts": False},
+    ),
     "starpo/Sokoban-v0": ("envs.sokoban:SokobanEnv", {}),
     "starpo/SokobanAlt-v0": ("envs.sokoban:SokobanEnv", {"symbols": "alt"}),
     "starpo/FrozenLake-v0": ("envs.frozen_lake:FrozenLakeEnv", {}),

@@ -8,6 +8,15 @@ better bet (expected 0.25 against 0.15). Training uses the names ``Dragon``/``Ph
 registered test variant ``starpo/BanditTest-v0`` uses ``Tiger``/``Crane`` to check that the
 learned behaviour is not tied to two words.
 
+The paper's form (``show_payouts=False``; ``starpo/BanditSymbolic-v0`` and
+``starpo/BanditSymbolicTest-v0``): the observation gives only the two names, a low-risk-sounding
+and a high-risk-sounding one, and the agent must reason from their meaning. ``arm_names`` is then
+``(low-risk name, high-risk name)`` (or a list of such pairs, one drawn per seed): the high-risk
+name is always the risky arm, which has the higher expected payout; the seed decides the order in
+which the two are listed. Training uses ``Phoenix``/``Dragon``; the test variant draws from
+pairs never seen in training (``Turtle``/``Shark``, ``Bank``/``Casino``, ``Shield``/``Sword``,
+``Oak``/``Storm``).
+
 ## Actions
 The arm names, e.g. ``Dragon`` or ``Phoenix`` (case-insensitive). Anything else is an invalid
 action: nothing is pulled and the step counts.
@@ -18,6 +27,8 @@ action: nothing is pulled and the step counts.
     Arm Dragon: pays 0.15 every time.
     Arm Phoenix: pays 1.0 with probability 0.25, otherwise 0.
 
+With ``show_payouts=False``: ``Arms: Dragon, Phoenix.``
+
 ## Rewards
 The pulled arm's payout.
 
@@ -27,10 +38,10 @@ was chosen, whatever the draw paid. Truncated after ``max_steps`` invalid action
 
 ## Arguments
 ``arm_names=("Dragon", "Phoenix")``, ``safe_reward=0.15``, ``risky_reward=1.0``,
-``risky_prob=0.25``, ``max_steps=10``, ``render_mode=None | "ansi"``.
+``risky_prob=0.25``, ``max_steps=10``, ``show_payouts=True``, ``render_mode=None | "ansi"``.
 
 ## Version history
-v0: first version.
+v0: first version; ``show_payouts`` added (the paper's names-only form).
 """
 
 from __future__ import annotations
@@ -39,35 +50,61 @@ from envs.base import TextEnv, step_info
 
 TRAIN_ARMS = ("Dragon", "Phoenix")
 TEST_ARMS = ("Tiger", "Crane")
+# the paper's form: (low-risk-sounding, high-risk-sounding) names; the high-risk one is the risky arm
+SYMBOLIC_TRAIN_ARMS = ("Phoenix", "Dragon")
+SYMBOLIC_TEST_ARMS = [("Turtle", "Shark"), ("Bank", "Casino"), ("Shield", "Sword"), ("Oak", "Storm")]
 
 
 class BanditEnv(TextEnv):
     def __init__(
         self,
-        arm_names: tuple[str, str] | list[str] = TRAIN_ARMS,
+        arm_names: tuple[str, str] | list = TRAIN_ARMS,
         safe_reward: float = 0.15,
         risky_reward: float = 1.0,
         risky_prob: float = 0.25,
         max_steps: int = 10,
+        show_payouts: bool = True,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode)
-        if len(arm_names) != 2 or arm_names[0].lower() == arm_names[1].lower():
-            raise ValueError(f"arm_names must be two different names, got {arm_names!r}")
+        pairs = [tuple(p) for p in arm_names] if arm_names and not isinstance(arm_names[0], str) else [tuple(arm_names)]
+        for pair in pairs:
+            if len(pair) != 2 or pair[0].lower() == pair[1].lower():
+                raise ValueError(f"arm_names must be two different names (or a list of such pairs), got {arm_names!r}")
+        if len(pairs) > 1 and show_payouts:
+            raise ValueError("several arm-name pairs are for the names-only form: set show_payouts=False, or give one pair.")
         if not 0 <= risky_prob <= 1:
             raise ValueError(f"risky_prob must be in [0, 1], got {risky_prob}")
-        self.action_names = list(arm_names)
+        self.pairs, self.show_payouts = pairs, show_payouts
         self.safe_reward, self.risky_reward, self.risky_prob = safe_reward, risky_reward, risky_prob
         self.max_steps = max_steps
-        self.instructions = (
-            f"You are playing a two-armed bandit. Pull exactly one arm: {arm_names[0]} or {arm_names[1]}. "
-            "Each arm's payout is described below. Choose the arm with the higher expected reward. "
-            f"Actions: {', '.join(arm_names)}."
-        )
+        self._set_names(list(pairs[0]))
+
+    def _set_names(self, names: list[str]) -> None:
+        self.action_names = names
+        if self.show_payouts:
+            self.instructions = (
+                f"You are playing a two-armed bandit. Pull exactly one arm: {names[0]} or {names[1]}. "
+                "Each arm's payout is described below. Choose the arm with the higher expected reward. "
+                f"Actions: {', '.join(names)}."
+            )
+        else:
+            self.instructions = (
+                f"You are playing a two-armed bandit. Pull exactly one arm: {names[0]} or {names[1]}. Each arm has its own "
+                "reward distribution, related to its name. Think about the symbolic meaning of each name to guess how its "
+                "rewards behave, and choose the arm you expect to pay more on average. "
+                f"Actions: {', '.join(names)}."
+            )
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        self.risky = int(self.np_random.integers(2))
+        if self.show_payouts:
+            self.risky = int(self.np_random.integers(2))
+        else:  # the high-risk-sounding name is the risky arm; the seed picks the pair and the listing order
+            low, high = self.pairs[int(self.np_random.integers(len(self.pairs)))]
+            first_high = bool(self.np_random.integers(2))
+            self._set_names([high, low] if first_high else [low, high])
+            self.risky = 0 if first_high else 1
         self.pulled: int | None = None
         self.steps = 0
         return self.render_text(), step_info(False, True, False)
@@ -97,7 +134,10 @@ class BanditEnv(TextEnv):
         return self.render_text(), float(reward), True, False, step_info(idx == self.best_arm, True, True)
 
     def render_text(self) -> str:
-        lines = [f"Arm {name}: {self._describe(i)}" for i, name in enumerate(self.action_names)]
+        if self.show_payouts:
+            lines = [f"Arm {name}: {self._describe(i)}" for i, name in enumerate(self.action_names)]
+        else:
+            lines = [f"Arms: {', '.join(self.action_names)}."]
         if self.pulled is not None:
             lines.append(f"You pulled {self.action_names[self.pulled]}.")
         return "\n".join(lines)

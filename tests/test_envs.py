@@ -223,6 +223,28 @@ def test_bandit_seed_decides_risky_arm_and_test_names_differ():
     assert set(test_env.action_names).isdisjoint(env.action_names)
 
 
+def test_symbolic_bandit_shows_names_only_and_the_high_risk_name_is_the_better_arm():
+    train = gym.make("starpo/BanditSymbolic-v0").unwrapped
+    test = gym.make("starpo/BanditSymbolicTest-v0").unwrapped
+    orders, test_pairs = set(), set()
+    for seed in range(40):
+        obs, _ = train.reset(seed=seed)
+        assert obs.startswith("Arms: ") and "pays" not in obs and "probability" not in obs
+        assert train.action_names[train.risky] == "Dragon" and train.expert_action() == "Dragon"
+        orders.add(tuple(train.action_names))
+        _, _, term, _, info = train.step("dragon")
+        assert term and info["success"]
+        test.reset(seed=seed)
+        names = tuple(test.action_names)
+        high = names[test.risky]
+        assert high in ("Shark", "Casino", "Sword", "Storm") and not {"Phoenix", "Dragon"} & set(names)
+        test_pairs.add(frozenset(names))
+        assert test.step(names[1 - test.risky])[4]["success"] is False
+    assert orders == {("Phoenix", "Dragon"), ("Dragon", "Phoenix")} and len(test_pairs) == 4
+    with pytest.raises(ValueError, match="names-only"):
+        BanditEnv(arm_names=[("A", "B"), ("C", "D")])
+
+
 # -- Countdown / Arithmetic ---------------------------------------------------------------------------
 def test_countdown_scoring_by_hand():
     numbers, target = [7, 3, 5, 2], 22
