@@ -9,8 +9,10 @@
 - step_time_ratio_vs_trl_grpo: one step of MultiTurnStarPOTrainer on single-turn Bandit vs stock
   trl.GRPOTrainer on the same prompt, group size, completion length and model (the reward
   function parses the same answer). Target <= 1.15.
-- prefill tokens per turn: tokens fed to generate at each turn (no KV-cache reuse across turns in
-  the HF backend yet, so it grows with the history).
+- prefill tokens per turn: tokens the model reads before sampling at each turn, with the HF
+  backend's KV reuse across turns (only what was appended) and without it (the whole history).
+- kv_reuse_speedup: the same 32 episodes (same RNG) with KV reuse off / on; on the tiny model and,
+  when it has been built (``make model``), on SmolLM2-135M-Instruct (8 episodes x 3 turns).
 - peak RSS of a shortened CPU demo run (a separate process).
 """
 
@@ -42,13 +44,18 @@ class Recording:
     """Wraps a backend: records each call's inputs and the time spent inside it."""
 
     def __init__(self, inner):
-        self.inner, self.calls, self.seconds = inner, [], 0.0
+        self.inner, self.calls, self.seconds, self.read = inner, [], 0.0, []
+
+    def reset(self):
+        self.inner.reset()
 
     def generate(self, sequences, max_new_tokens, temperature):
         self.calls.append(([list(s) for s in sequences], max_new_tokens, temperature, torch.get_rng_state()))
+        read = self.inner.prefill_tokens
         start = time.perf_counter()
         out = self.inner.generate(sequences, max_new_tokens, temperature)
         self.seconds += time.perf_counter() - start
+        self.read.append(self.inner.prefill_tokens - read)
         return out
 
 
@@ -76,6 +83,7 @@ def rollout_rows(model, tok) -> dict:
     starts = [StartState("starpo/Sokoban-v0", s) for s in range(8) for _ in range(4)]
     ratios, speedups, prefill = [], [], None
     RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]).run(starts)  # warm-up
+    reuse = kv_reuse_speedup(model, tok, starts, cfg)
     for rep in range(REPEATS):
         rec = Recording(HFBackend(model, tok.pad_token_id, [tok.eos_token_id]))
         engine = RolloutEngine(tok, rec, cfg, [tok.eos_token_id])
@@ -86,6 +94,7 @@ def rollout_rows(model, tok) -> dict:
         bare_s = bare_generate_seconds(model, tok, rec.calls)
         ratios.append(engine_s / bare_s)
         prefill = [sum(map(len, seqs)) / len(seqs) for seqs, *_ in rec.calls]
+        read = [r / len(seqs) for r, (seqs, *_) in zip(rec.read, rec.calls)]
         seq_engine = RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id])
         torch.manual_seed(rep)
         start = time.perf_counter()
@@ -95,9 +104,43 @@ def rollout_rows(model, tok) -> dict:
         print(f"rollout rep {rep}: engine {engine_s:.2f}s, bare generate {bare_s:.2f}s, sequential x{speedups[-1]:.1f}, turns {max(e.num_turns for e in episodes)}")
     return {
         "rollout_overhead_ratio": sorted(ratios)[len(ratios) // 2],
+        "kv_reuse_speedup": reuse,
         "batched_vs_sequential_speedup": sorted(speedups)[len(speedups) // 2],
         "prefill_tokens_per_episode_by_turn": [round(p, 1) for p in prefill],
+        "prefill_tokens_per_episode_by_turn_kv_reuse": [round(p, 1) for p in read],
     }
+
+
+def kv_reuse_speedup(model, tok, starts, cfg) -> float:
+    """Engine seconds without / with KV reuse across turns, same episodes (same RNG), median of repeats."""
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ratios = []
+    for rep in range(REPEATS):
+        seconds = {}
+        for reuse in (False, True):
+            engine = RolloutEngine(tok, HFBackend(model, pad, eos, reuse_cache=reuse), cfg, eos)
+            torch.manual_seed(rep)
+            start = time.perf_counter()
+            engine.run(starts)
+            seconds[reuse] = time.perf_counter() - start
+        ratios.append(seconds[False] / seconds[True])
+        print(f"kv reuse rep {rep}: off {seconds[False]:.2f}s, on {seconds[True]:.2f}s")
+    return sorted(ratios)[len(ratios) // 2]
+
+
+def real_model_kv_reuse() -> dict:
+    from starpo_trl.offline_model import DEFAULT_DIR, is_built
+
+    if not is_built(DEFAULT_DIR):
+        return {}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_DIR)
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32)
+    starts = [StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in range(8)]
+    ratio = kv_reuse_speedup(model, tok, starts, RolloutConfig(max_turns=3, max_tokens_per_turn=24))
+    return {"kv_reuse_speedup_smollm2": ratio}
 
 
 def step_time_rows(model_seed: int = 0) -> dict:
@@ -171,6 +214,7 @@ def main() -> None:
     model = build_tiny_model(tok)
     model.eval()
     rows = rollout_rows(model, tok)
+    rows.update(real_model_kv_reuse())
     rows.update(step_time_rows())
     rows["demo_peak_rss_mib"] = demo_peak_rss_mib()
     rows["model"] = f"tiny Qwen2 architecture, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"

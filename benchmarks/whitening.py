@@ -7,7 +7,7 @@ with `--advantage_estimator bilevel_gae --use_turn_rewards true`, each with
 `--whiten_advantages true` (the default, as RAGEN, VAGEN and verl) and `false`: the same seed, so
 both start from the same warm-started model and the same first rollout. The runs of one estimator
 go side by side (two processes, one thread each). Reported: held-out success before and after RL
-(256 episodes), the critic's explained variance over windows of 20 steps, the advantages' spread,
+(256 episodes), the critic's explained variance over windows of 20 rollouts, the advantages' spread,
 and wall time. Results go to benchmarks/results.json ("whitening") and BENCHMARKS.md.
 """
 

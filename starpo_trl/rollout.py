@@ -100,31 +100,74 @@ def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list
 
 
 class HFBackend:
-    """Generation with ``model.generate`` (left-padded batch), sampling at ``temperature`` from the
-    plain softmax: no top-k/top-p, and none of the processors a checkpoint's ``generation_config``
-    sets (``sampling_config``; the model's own config is set aside during the call, so nothing of it
+    """Generation with ``model.generate``, sampling at ``temperature`` from the plain softmax: no
+    top-k/top-p, and none of the processors a checkpoint's ``generation_config`` sets
+    (``sampling_config``; the model's own config is set aside during the call, so nothing of it
     fills the unset fields).
 
     Logprobs are ``log_softmax(logits / temperature)`` of the sampled tokens: the same quantity
     TRL's loss computes, so the importance ratio starts at exactly 1 on-policy.
+
+    KV reuse across turns (``reuse_cache``, on for full-attention models): each call keeps, per
+    sequence, the keys and values it computed (prompt, history and the new reply but its last
+    token). A sequence of the next call that extends a kept one (same tokens, plus the reply's last
+    token and the next observation) feeds only its new tokens; the kept rows are laid out right-aligned
+    in one cache, the new tokens left-padded after it, and the attention mask hides the gaps, so each
+    row sees exactly its own tokens at their own positions. The engine calls ``reset()`` at the start
+    of every rollout: kept values belong to the weights they were computed with.
     """
 
-    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
+    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], reuse_cache: bool = True):
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
+        self.reuse_cache = reuse_cache and _full_attention(model)
+        self.prefill_tokens = 0  # tokens run through the model before sampling, over all calls
+        self._kept: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+
+    def reset(self) -> None:
+        self._kept = []
+
+    def _match(self, sequences) -> list:
+        """For each sequence, the kept entry it extends (in order: the engine keeps episode order), or None."""
+        found, j = [], 0
+        for seq in sequences:
+            hit = None
+            for k in range(j, len(self._kept)):
+                tokens = self._kept[k][0]
+                if len(tokens) < len(seq) and seq[: len(tokens)] == tokens:
+                    hit, j = self._kept[k], k + 1
+                    break
+            found.append(hit)
+        return found
 
     @torch.no_grad()
     def generate(self, sequences, max_new_tokens, temperature):
-        from transformers import GenerationConfig
+        from transformers import DynamicCache, GenerationConfig
 
         device = next(self.model.parameters()).device
-        width = max(len(s) for s in sequences)
-        input_ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for i, seq in enumerate(sequences):
-            input_ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[i, width - len(seq) :] = 1
+        kept = self._match(sequences) if self.reuse_cache else [None] * len(sequences)
+        cached = [0 if k is None else len(k[0]) for k in kept]
+        suffixes = [seq[c:] for seq, c in zip(sequences, cached)]
+        n, lc, ls = len(sequences), max(cached), max(len(x) for x in suffixes)
+        input_ids = torch.full((n, ls), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, lc + ls), dtype=torch.long)
+        for i, (c, suffix) in enumerate(zip(cached, suffixes)):
+            input_ids[i, ls - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            attention_mask[i, lc - c : lc] = 1
+            attention_mask[i, lc + ls - len(suffix) :] = 1
+        self.prefill_tokens += sum(len(x) for x in suffixes)
+        past = None
+        if lc > 0:  # the kept rows, right-aligned in one cache; zeros (masked) on the left
+            layers = []
+            for layer, (k0, v0) in enumerate(next(k for k in kept if k is not None)[1]):
+                keys = k0.new_zeros((n, k0.shape[0], lc, k0.shape[2]))
+                values = v0.new_zeros((n, v0.shape[0], lc, v0.shape[2]))
+                for i, (entry, c) in enumerate(zip(kept, cached)):
+                    if entry is not None:
+                        keys[i, :, lc - c :], values[i, :, lc - c :] = entry[1][layer]
+                layers.append((keys.to(device), values.to(device)))
+            past = DynamicCache(ddp_cache_data=layers)
         greedy = temperature <= 0
         was_training = self.model.training
         self.model.eval()
@@ -134,13 +177,14 @@ class HFBackend:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
+                cache=past,
                 generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
             )
         finally:
             self.model.generation_config = own
         if was_training:
             self.model.train()
-        new_tokens = out.sequences[:, width:]
+        new_tokens = out.sequences[:, ls:]
         scale = 1.0 if greedy else temperature
         logps = torch.stack(
             [torch.log_softmax(step.float() / scale, dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1) for t, step in enumerate(out.logits)],
@@ -151,7 +195,28 @@ class HFBackend:
         for row, lp in zip(new_tokens.tolist(), logps.tolist()):
             end = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
             results.append((row[:end], lp[:end]))
+        if self.reuse_cache:
+            self._keep(sequences, cached, suffixes, lc, ls, results, out.past_key_values)
         return results
+
+    def _keep(self, sequences, cached, suffixes, lc, ls, results, cache) -> None:
+        """Each row's own keys and values (its history and its reply but the last token), contiguous."""
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        kept = []
+        for i, (seq, c, suffix, (ids, _)) in enumerate(zip(sequences, cached, suffixes, results)):
+            if not ids:
+                continue
+            spans = [(lc - c, lc), (lc + ls - len(suffix), lc + ls), (lc + ls, lc + ls + len(ids) - 1)]
+            rows = [(torch.cat([k[i, :, a:b] for a, b in spans], dim=1), torch.cat([v[i, :, a:b] for a, b in spans], dim=1)) for k, v in layers]
+            kept.append((list(seq) + ids[:-1], rows))
+        self._kept = kept
+
+
+def _full_attention(model) -> bool:
+    """Only caches of plain full-attention layers are laid out and cut here (no sliding windows)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in types) and not getattr(config, "use_sliding_window", False)
 
 
 class ChatFormat:
@@ -291,6 +356,8 @@ class RolloutEngine:
     def run(self, starts: list[StartState], temperature: float | None = None) -> list[Episode]:
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
+        if hasattr(self.backend, "reset"):  # a backend's kept state belongs to the weights of its last rollout
+            self.backend.reset()
         episodes: list[Episode] = []
         live: list[_Live] = []
         t0 = time.perf_counter()

@@ -259,3 +259,28 @@ def test_an_episode_is_limited_by_its_own_token_room_only(tiny_tokenizer):
     assert len(shared[0].completion_ids) == 230 and shared[0].num_format_errors == 1
     assert shared[1].completion_ids == alone.completion_ids and shared[1].env_mask == alone.env_mask
     assert shared[1].num_format_errors == alone.num_format_errors == 0
+
+
+def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer, tiny_model):
+    """With reuse each turn feeds only its new tokens (the reply's last token and the observation);
+    the episodes are the ones a full re-read of the history gives."""
+    def play(reuse):
+        torch.manual_seed(0)
+        backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id], reuse_cache=reuse)
+        eng = engine(tiny_tokenizer, backend, max_turns=4, max_tokens_per_turn=12, temperature=0.7)
+        return eng.run(sokoban_starts(3, 2)), backend
+
+    full, full_backend = play(False)
+    reused, backend = play(True)
+    assert backend.reuse_cache and [ep.completion_ids for ep in reused] == [ep.completion_ids for ep in full]
+    for a, b in zip(reused, full):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert_logprobs_match_a_forward_pass(tiny_model, a, temperature=0.7)
+    # prefill: the first turn reads the prompts, later turns only what was appended
+    first_turn = sum(len(ep.prompt_ids) for ep in reused)
+    appended = sum(len(ep.completion_ids) for ep in reused)
+    assert backend.prefill_tokens < full_backend.prefill_tokens / 2
+    assert first_turn <= backend.prefill_tokens <= first_turn + appended
+    # a new rollout starts from nothing: the engine resets the backend's kept state
+    again = engine(tiny_tokenizer, backend, max_turns=1, max_tokens_per_turn=4).run(sokoban_starts(1, 1))
+    assert again and backend._kept and all(len(t) == len(again[0].prompt_ids) + len(again[0].completion_ids) - 1 for t, _ in backend._kept)
