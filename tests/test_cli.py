@@ -135,22 +135,30 @@ def test_evaluate_exits_non_zero_when_envs_fail(tmp_path):
 @pytest.mark.parametrize(
     "index_url, local, expected",
     [
-        ("https://mirror.example/whl/cpu", True, ["torch==2.13.0 --index-url https://mirror.example/whl/cpu"]),
-        ("", True, ["--no-index torch==2.13.0"]),
-        ("", False, ["--no-index torch==2.13.0", "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"]),
+        ("https://mirror.example/whl/cpu", True, ["install -q torch==2.13.0 --index-url https://mirror.example/whl/cpu"]),
+        ("", True, ["download -q --no-index --no-deps torch==2.13.0 -d TMP", "install -q TMP/torch-2.13.0+cpu-cp311-none-any.whl"]),
+        ("", False, ["download -q --no-index --no-deps torch==2.13.0 -d TMP",
+                     "install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"]),
     ],
 )
 def test_torch_install_takes_the_cpu_build(tmp_path, index_url, local, expected):
-    """A local CPU wheel that pip is configured to find is used as is; otherwise PyTorch's CPU index
-    (never PyPI's default CUDA build); TORCH_INDEX_URL overrides both."""
+    """A local CPU wheel of torch that pip is configured to find is installed as it is (its
+    dependencies from the usual indexes); otherwise PyTorch's CPU index, never PyPI's default CUDA
+    build; TORCH_INDEX_URL overrides both."""
+    import re
+
     log = tmp_path / "pip.log"
     fake = tmp_path / "python"
     fake.write_text(
         "#!/bin/sh\nshift 2\n"  # "-m pip"
-        f'echo "$*" | sed "s/^install -q //" >> {log}\n'
-        f'case "$*" in *--no-index*) exit {0 if local else 1};; esac\nexit 0\n'
+        f'echo "$*" >> {log}\n'
+        'if [ "$1" = download ]; then\n'
+        f"  {'exit 1' if not local else ''}\n"
+        '  for a in "$@"; do last="$a"; done; touch "$last/torch-2.13.0+cpu-cp311-none-any.whl"\n'
+        "fi\nexit 0\n"
     )
     fake.chmod(0o755)
     env = {**os.environ, "PY": str(fake), "TORCH_INDEX_URL": index_url, "TORCH_VERSION": "2.13.0"}
     subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh")], check=True, env=env, capture_output=True)
-    assert log.read_text().split("\n")[:-1] == expected
+    calls = [re.sub(r"/\S*tmp\.\w+", "TMP", line) for line in log.read_text().split("\n")[:-1]]
+    assert calls == expected
