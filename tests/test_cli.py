@@ -81,12 +81,12 @@ def test_train_refuses_a_report_path_of_another_shape(tmp_path, monkeypatch):
         (["--temperature", "-1"], ">= 0"),
     ],
 )
-def test_evaluate_refuses_bad_arguments_before_loading(tmp_path, args, message):
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0", *args],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(),
-    )
-    assert res.returncode == 2 and message in res.stderr, res.stderr
+def test_evaluate_refuses_bad_arguments_before_loading(tmp_path, args, message, capsys):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+
+    code = evaluate.main(["--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0", *args])
+    assert code == 2 and message in capsys.readouterr().err
 
 
 def test_user_env_trains_and_evaluate_reproduces_the_training_evaluation(tmp_path):
