@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test bench bench-learning bench-collapse bench-whitening clean
+.PHONY: install model train test bench bench-learning bench-collapse bench-whitening bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-collapse: $(STAMP)
 
 bench-whitening: $(STAMP)
 	$(PY) benchmarks/whitening.py
+
+bench-real: $(STAMP)
+	$(PY) benchmarks/real_model.py
 
 clean:
 	rm -rf $(VENV) runs

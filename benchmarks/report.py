@@ -113,6 +113,16 @@ def write(results: dict) -> None:
                   "point of no return, one rollout before success drops to 0 (the format breaks down); in-group reward std and "
                   "entropy had been falling for some 20 steps before, but crossed 0.4 of their early level only after the crash. "
                   "A single spike of 20x at step 14 recovered, which is why one spike alone does not warn.", ""]
+    if "real_model" in results:
+        r = results["real_model"]
+        lines += [f"## Real model, zero-shot (`python benchmarks/real_model.py`, {r['machine']}, {r['measured_at']})", "",
+                  f"{r['model']}, unmodified; {r['episodes']} held-out episodes per env at temperature {r['temperature']}, "
+                  "StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).", "",
+                  "| env | success | format-error rate (per turn) | valid-action rate | turns | wall s |", "|---|---|---|---|---|---|"]
+        for env_id, x in r["baseline"].items():
+            lines.append(f"| `{env_id}` | {x['success']:.3f} | {x['format_error_rate']:.3f} | {x['valid_action_rate']:.3f} | "
+                         f"{x['turns']:.2f} | {x['wall_seconds']:.0f} |")
+        lines.append("")
     if "whitening" in results:
         r = results["whitening"]
         lines += [f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {r['machine']}, {r['measured_at']})", "",

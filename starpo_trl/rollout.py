@@ -95,7 +95,7 @@ def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list
         max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=1.0 if greedy else temperature,
         top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
         encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False,
-        eos_token_id=list(eos_token_ids), pad_token_id=pad_token_id, output_logits=True, return_dict_in_generate=True,
+        eos_token_id=list(eos_token_ids), pad_token_id=pad_token_id, return_dict_in_generate=True,
     )
 
 
@@ -143,7 +143,7 @@ class HFBackend:
 
     @torch.no_grad()
     def generate(self, sequences, max_new_tokens, temperature):
-        from transformers import DynamicCache, GenerationConfig
+        from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
         device = next(self.model.parameters()).device
         kept = self._match(sequences) if self.reuse_cache else [None] * len(sequences)
@@ -173,23 +173,21 @@ class HFBackend:
         self.model.eval()
         own = self.model.generation_config
         self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
+        record = _SampledLogprobs(1.0 if greedy else temperature)
         try:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 cache=past,
                 generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
+                logits_processor=LogitsProcessorList([record]),
             )
         finally:
             self.model.generation_config = own
         if was_training:
             self.model.train()
         new_tokens = out.sequences[:, ls:]
-        scale = 1.0 if greedy else temperature
-        logps = torch.stack(
-            [torch.log_softmax(step.float() / scale, dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1) for t, step in enumerate(out.logits)],
-            dim=1,
-        )
+        logps = record.finish(new_tokens[:, -1])
         results = []
         eos = set(self.eos_token_ids)
         for row, lp in zip(new_tokens.tolist(), logps.tolist()):
@@ -210,6 +208,30 @@ class HFBackend:
             rows = [(torch.cat([k[i, :, a:b] for a, b in spans], dim=1), torch.cat([v[i, :, a:b] for a, b in spans], dim=1)) for k, v in layers]
             kept.append((list(seq) + ids[:-1], rows))
         self._kept = kept
+
+
+class _SampledLogprobs:
+    """A logits processor that records ``log_softmax(logits / T)`` of each sampled token without
+    keeping every step's logits: at step t it sees the token drawn at step t-1 and reads its
+    logprob from the one distribution it kept (batch x vocab, not batch x steps x vocab: 13 GB for
+    256 replies of 256 tokens over a 49k vocabulary). Custom processors run before the temperature
+    warper, so ``scores`` are the raw logits here (every other processor is neutral)."""
+
+    def __init__(self, scale: float):
+        self.scale, self.previous, self.steps = scale, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, input_ids[:, -1:].to(self.previous.device)).squeeze(1))
+        self.previous = torch.log_softmax(scores.float() / self.scale, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, new tokens) logprobs, given the tokens drawn at the last step."""
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, last_tokens[:, None].to(self.previous.device)).squeeze(1))
+            self.previous = None
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(last_tokens), 0)
 
 
 def _full_attention(model) -> bool:
