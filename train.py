@@ -134,6 +134,11 @@ def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
 
 def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
     start = time.time()
+    # recipes may point at a home-relative directory, e.g. the offline model `make model` writes
+    if model_args.model_name_or_path and model_args.model_name_or_path.startswith("~"):
+        model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+    if run_args.critic_init.startswith("~"):
+        run_args.critic_init = os.path.expanduser(run_args.critic_init)
     check_run(run_args, args)
     if run_args.warm_start_episodes > 0 and (args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
         raise ValueError(

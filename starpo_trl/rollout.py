@@ -255,7 +255,9 @@ class ChatFormat:
     def __init__(self, tokenizer, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT):
         self.tokenizer = tokenizer
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.eos_token_ids = list(eos_token_ids)
         self.eos_texts = [tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids]
+        self.turn_end_id = None  # the end-of-turn token the template closes an assistant turn with (set by the probe)
         self.chat_template = None
         try:
             self._prefix = self._probe_prefix()
@@ -283,13 +285,14 @@ class ChatFormat:
 
     def _probe_prefix(self) -> str:
         text = self._render(self.system + self.PROBE, add_generation_prompt=False)
-        ends = [text.rfind(e) + len(e) for e in self.eos_texts if text.rfind(e) >= 0]
+        ends = [(text.rfind(e) + len(e), i) for i, e in zip(self.eos_token_ids, self.eos_texts) if text.rfind(e) >= 0]
         if not ends:
             raise ValueError(
                 f"The chat template does not end an assistant turn with an end-of-turn token ({self.eos_texts}). "
                 "Set the model's generation_config.eos_token_id to the token that closes an assistant turn."
             )
-        return text[: max(ends)]
+        end, self.turn_end_id = max(ends)
+        return text[:end]
 
     def prompt_ids(self, user_content: str) -> list[int]:
         text = self._render(self.system + [{"role": "user", "content": user_content}], add_generation_prompt=True)

@@ -2,8 +2,11 @@
 
 Each demonstration is a whole episode as chat messages: the same system line, first user message
 and per-turn user messages the episode engine renders, with expert replies
-``<think>The best action is X.</think><answer>X || Y</answer>``. TRL's ``SFTTrainer`` trains on
-the assistant replies only (``assistant_only_loss``).
+``<think>The best action is X.</think><answer>X || Y</answer>``. They are tokenized exactly as the
+engine builds an episode (``ChatFormat``: prompt, reply tokens + end-of-turn token, the template's
+tokens for each next user message), and TRL's ``SFTTrainer`` trains on the reply tokens only (an
+``assistant_masks`` column). This needs no ``{% generation %}`` markers in the chat template, so it
+works with any template the engine accepts (SmolLM2's ChatML included).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import numpy as np
 from datasets import Dataset
 
 from envs.base import noisy_expert_action
+from starpo_trl.models import eos_token_ids
 from starpo_trl.prompting import ACTION_SEPARATOR, SYSTEM_PROMPT, first_user_message, turn_message
-from starpo_trl.rollout import RolloutConfig
+from starpo_trl.rollout import ChatFormat, RolloutConfig
 
 
 def expert_reply(actions: list[str], enable_think: bool) -> str:
@@ -58,16 +62,43 @@ def demonstrations(env_id: str, env_kwargs: dict, seeds, noise: float, cfg: Roll
     return Dataset.from_list(rows)
 
 
-def warm_start(model, tokenizer, dataset: Dataset, output_dir: str, epochs: float = 2.0, learning_rate: float = 1e-3, batch_size: int = 16, seed: int = 0, **sft_kwargs):
+def tokenize_demonstration(messages: list[dict], chat: ChatFormat) -> dict:
+    """``{"input_ids", "assistant_masks"}`` of one demonstration, token for token as the engine builds an episode.
+
+    ``messages`` starts with the first user message (a leading system message must be the one
+    ``chat`` was built with, and is dropped); the mask is 1 on every expert reply token and the
+    end-of-turn token that closes it, 0 on the prompt and the env's messages.
+    """
+    if messages and messages[0]["role"] == "system":
+        if chat.system != messages[:1]:
+            raise ValueError("the demonstration's system message differs from the chat format's system prompt")
+        messages = messages[1:]
+    if not messages or messages[0]["role"] != "user":
+        raise ValueError("a demonstration starts with a user message")
+    ids = chat.prompt_ids(messages[0]["content"])
+    mask = [0] * len(ids)
+    for message in messages[1:]:
+        if message["role"] == "assistant":
+            reply = chat.tokenizer(message["content"], add_special_tokens=False)["input_ids"] + [chat.turn_end_id]
+            ids, mask = ids + reply, mask + [1] * len(reply)
+        else:
+            env = chat.message_ids(message)
+            ids, mask = ids + env, mask + [0] * len(env)
+    return {"input_ids": ids, "assistant_masks": mask}
+
+
+def warm_start(model, tokenizer, dataset: Dataset, output_dir: str, epochs: float = 2.0, learning_rate: float = 1e-3, batch_size: int = 16, seed: int = 0, system_prompt: str | None = SYSTEM_PROMPT, **sft_kwargs):
     """SFT ``model`` on ``dataset`` (from `demonstrations`) with TRL's SFTTrainer; returns the model."""
     from trl import SFTConfig, SFTTrainer
 
+    chat = ChatFormat(tokenizer, eos_token_ids(tokenizer, model.generation_config.eos_token_id), system_prompt)
+    tokens = Dataset.from_list([tokenize_demonstration(m, chat) for m in dataset["messages"]])
     args = SFTConfig(
         output_dir=output_dir,
         num_train_epochs=epochs,
         learning_rate=learning_rate,
         per_device_train_batch_size=batch_size,
-        assistant_only_loss=True,
+        max_length=None,  # demonstrations are whole episodes: never cut
         lr_scheduler_type="cosine",
         warmup_steps=5,
         logging_steps=10,
@@ -77,7 +108,7 @@ def warm_start(model, tokenizer, dataset: Dataset, output_dir: str, epochs: floa
         bf16=False if not _has_bf16() else None,
         **sft_kwargs,
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset.select_columns(["messages"]), processing_class=tokenizer)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=tokens, processing_class=tokenizer)
     trainer.train()
     return trainer.model
 

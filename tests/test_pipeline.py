@@ -8,7 +8,7 @@ import yaml
 
 from starpo_trl.prompting import parse_reply
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-from starpo_trl.warm_start import demonstration, demonstrations
+from starpo_trl.warm_start import demonstration, demonstrations, tokenize_demonstration
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,26 @@ def test_demonstrations_use_the_rl_episode_format(tiny_tokenizer, scripted):
     # the noise-free expert solves it
     full = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 7, 0.0, RolloutConfig(max_turns=10, max_actions_per_episode=10), 1, np.random.default_rng(0))
     assert full["success"]
+
+
+def test_demonstration_tokens_are_the_engine_episode_tokens(tiny_tokenizer, scripted):
+    """The warm start trains on exactly the tokens the engine builds for the same replies: the ids
+    are prompt + completion, the mask is 1 on the replies (with their end-of-turn token) and 0 elsewhere."""
+    import numpy as np
+
+    cfg = RolloutConfig(max_turns=4)
+    demo = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 3, 0.5, cfg, 2, np.random.default_rng(1))
+    replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+    assert len(replies) >= 2
+    eng = RolloutEngine(tiny_tokenizer, scripted(lambda call, i: replies[call]), cfg, [tiny_tokenizer.eos_token_id])
+    ep = eng.run([StartState("starpo/FrozenLake-v0", 3, (("is_slippery", False),))])[0]
+    tokens = tokenize_demonstration(demo["messages"], eng.chat)
+    assert tokens["input_ids"] == ep.prompt_ids + ep.completion_ids
+    assert tokens["assistant_masks"] == [0] * len(ep.prompt_ids) + ep.env_mask
+    masked = [t for t, m in zip(tokens["input_ids"], tokens["assistant_masks"]) if m]
+    assert tiny_tokenizer.decode(masked) == "".join(r + tiny_tokenizer.eos_token for r in replies)
+    with pytest.raises(ValueError, match="system"):
+        tokenize_demonstration([{"role": "system", "content": "other"}] + demo["messages"][1:], eng.chat)
 
 
 def test_noisy_demonstrations_are_worse_than_clean_ones():
