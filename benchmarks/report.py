@@ -115,14 +115,28 @@ def write(results: dict) -> None:
                   "A single spike of 20x at step 14 recovered, which is why one spike alone does not warn.", ""]
     if "real_model" in results:
         r = results["real_model"]
-        lines += [f"## Real model, zero-shot (`python benchmarks/real_model.py`, {r['machine']}, {r['measured_at']})", "",
-                  f"{r['model']}, unmodified; {r['episodes']} held-out episodes per env at temperature {r['temperature']}, "
-                  "StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).", "",
-                  "| env | success | format-error rate (per turn) | valid-action rate | turns | wall s |", "|---|---|---|---|---|---|"]
-        for env_id, x in r["baseline"].items():
-            lines.append(f"| `{env_id}` | {x['success']:.3f} | {x['format_error_rate']:.3f} | {x['valid_action_rate']:.3f} | "
-                         f"{x['turns']:.2f} | {x['wall_seconds']:.0f} |")
-        lines.append("")
+        lines += [f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {r['machine']}, {r['measured_at']})", "",
+                  f"{r['model']}. Licence: Apache-2.0.", ""]
+        if r.get("baseline"):
+            lines += ["Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "
+                      f"{r.get('temperature', 0.5)}, StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).", "",
+                      "| env | episodes | success | format-error rate (per turn) | valid-action rate | turns | wall s |", "|---|---|---|---|---|---|---|"]
+            for env_id, x in r["baseline"].items():
+                lines.append(f"| `{env_id}` | {x.get('episodes', r.get('episodes', ''))} | {x['success']:.3f} | {x['format_error_rate']:.3f} | "
+                             f"{x['valid_action_rate']:.3f} | {x['turns']:.2f} | {x['wall_seconds']:.0f} |")
+            lines.append("")
+        if r.get("runs"):
+            lines += ["StarPO runs (`python benchmarks/real_model.py rl RECIPE`): held-out success and format-error rate (per turn) "
+                      "before RL (after any warm start) and after.", "",
+                      "| recipe | train env | eval env | start | success before -> after | format errors before -> after | steps | step s (median) | wall s | peak RSS MiB | curves |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            for x in r["runs"]:
+                start = x["start"] + (f" ({x['warm_start']})" if x.get("warm_start") else "")
+                lines.append(f"| `{x['recipe']}` | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
+                             f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
+                             f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |")
+            lines.append("")
     if "whitening" in results:
         r = results["whitening"]
         lines += [f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {r['machine']}, {r['measured_at']})", "",

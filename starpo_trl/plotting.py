@@ -16,6 +16,7 @@ def series(log_history: list[dict], key: str) -> tuple[list[int], list[float]]:
 def plot_curves(log_history: list[dict], env_name: str, path: str, title: str = "") -> str:
     panels = [
         (f"env/{env_name}/success", "train success"),
+        (f"env/{env_name}/format_error_rate", "format-error rate (per turn)"),
         (f"env/{env_name}/group_reward_std_mean", "in-group reward std (mean)"),
         ("entropy", "policy entropy"),
     ]

@@ -114,7 +114,8 @@ class HFBackend:
     token and the next observation) feeds only its new tokens; the kept rows are laid out right-aligned
     in one cache, the new tokens left-padded after it, and the attention mask hides the gaps, so each
     row sees exactly its own tokens at their own positions. The engine calls ``reset()`` at the start
-    of every rollout: kept values belong to the weights they were computed with.
+    of every rollout: kept values belong to the weights they were computed with. With the same cache
+    layout, identical new sequences (the copies of a start state in a group) are read once and shared.
     """
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], reuse_cache: bool = True):
@@ -147,6 +148,8 @@ class HFBackend:
 
         device = next(self.model.parameters()).device
         kept = self._match(sequences) if self.reuse_cache else [None] * len(sequences)
+        if self.reuse_cache:
+            kept = self._share_prompts(sequences, kept, device)
         cached = [0 if k is None else len(k[0]) for k in kept]
         suffixes = [seq[c:] for seq, c in zip(sequences, cached)]
         n, lc, ls = len(sequences), max(cached), max(len(x) for x in suffixes)
@@ -196,6 +199,42 @@ class HFBackend:
         if self.reuse_cache:
             self._keep(sequences, cached, suffixes, lc, ls, results, out.past_key_values)
         return results
+
+    def _share_prompts(self, sequences, kept, device) -> list:
+        """Identical new sequences (a group's ``num_generations`` copies of one start state) are read once.
+
+        The keys and values of each distinct sequence but its last token come from one forward pass
+        (left-padded, positions counted from each row's first token); every copy then starts from
+        them as from a kept entry, feeding only its last token."""
+        rows: dict[tuple, list[int]] = {}
+        for i, (seq, entry) in enumerate(zip(sequences, kept)):
+            if entry is None and len(seq) > 1:
+                rows.setdefault(tuple(seq), []).append(i)
+        shared = [seq for seq, members in rows.items() if len(members) > 1]
+        if not shared:
+            return kept
+        width = max(len(seq) - 1 for seq in shared)
+        input_ids = torch.full((len(shared), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(shared), width), dtype=torch.long)
+        for r, seq in enumerate(shared):
+            input_ids[r, width - len(seq) + 1 :] = torch.tensor(seq[:-1], dtype=torch.long)
+            attention_mask[r, width - len(seq) + 1 :] = 1
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                         position_ids=position_ids.to(device), use_cache=True)
+        if was_training:
+            self.model.train()
+        self.prefill_tokens += sum(len(seq) - 1 for seq in shared)
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        kept = list(kept)
+        for r, seq in enumerate(shared):
+            start = width - len(seq) + 1
+            entry = (list(seq[:-1]), [(k[r, :, start:], v[r, :, start:]) for k, v in layers])
+            for i in rows[seq]:
+                kept[i] = entry
+        return kept
 
     def _keep(self, sequences, cached, suffixes, lc, ls, results, cache) -> None:
         """Each row's own keys and values (its history and its reply but the last token), contiguous."""

@@ -46,7 +46,14 @@ def test_real_model_episodes_are_exact_to_the_token(smollm2):
     _, tokenizer, model = smollm2
     torch.manual_seed(0)
     engine = _engine(tokenizer, model, None, max_turns=3, max_tokens_per_turn=12, temperature=0.8)  # the template's own system prompt
-    episodes = engine.run([StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in (0, 1)])
+    # seed 0 twice: the two copies share one read of their prompt (as a group's copies do)
+    episodes = engine.run([StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in (0, 0, 1)])
+    assert episodes[0].prompt_ids == episodes[1].prompt_ids
+    # read: seed 0's prompt once but its last token (+ that token once per copy), seed 1's prompt, then
+    # per later turn only the previous reply's last token and the env's tokens
+    first = len(episodes[0].prompt_ids) - 1 + 2 + len(episodes[2].prompt_ids)
+    later = sum(ep.env_mask.count(0) + ep.num_turns - 1 for ep in episodes)
+    assert engine.backend.prefill_tokens == first + later
     for ep in episodes:
         assert ep.num_turns >= 2 and len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
         assert_logprobs_match_a_forward_pass(model, ep, temperature=0.8, atol=2e-4)

@@ -276,11 +276,15 @@ def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer
     for a, b in zip(reused, full):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
         assert_logprobs_match_a_forward_pass(tiny_model, a, temperature=0.7)
-    # prefill: the first turn reads the prompts, later turns only what was appended
-    first_turn = sum(len(ep.prompt_ids) for ep in reused)
+    # prefill: the first turn reads each distinct prompt once (the copies of a start state share it,
+    # each feeding only its last token), later turns only what was appended
+    distinct = {tuple(ep.prompt_ids) for ep in reused}
+    assert len(distinct) == 3 and len(reused) == 6
+    first_turn = sum(len(p) - 1 for p in distinct) + len(reused)
     appended = sum(len(ep.completion_ids) for ep in reused)
     assert backend.prefill_tokens < full_backend.prefill_tokens / 2
     assert first_turn <= backend.prefill_tokens <= first_turn + appended
+    assert full_backend.prefill_tokens >= sum(len(ep.prompt_ids) for ep in full)  # no sharing without reuse
     # a new rollout starts from nothing: the engine resets the backend's kept state
     again = engine(tiny_tokenizer, backend, max_turns=1, max_tokens_per_turn=4).run(sokoban_starts(1, 1))
     assert again and backend._kept and all(len(t) == len(again[0].prompt_ids) + len(again[0].completion_ids) - 1 for t, _ in backend._kept)
