@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from starpo_trl.config import ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig
-from starpo_trl.evaluation import episode_metrics
+from starpo_trl.monitoring.metrics import episode_metrics
 from starpo_trl.models import eos_token_ids
 from starpo_trl.rollout import HFBackend, RolloutEngine, StartState
 
@@ -121,7 +121,7 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
             raise ValueError(f"--{name} must be at least 1, got {settings[name]}")
     if a.batch_size < 1:
         raise ValueError(f"--batch_size must be at least 1, got {a.batch_size}")
-    from starpo_trl.envs_registry import check_env_contract, check_env_id
+    from envs.contract import check_env_contract, check_env_id
 
     check_env_id(settings["eval_env_id"], "--env_id")
     check_env_contract(settings["eval_env_id"], settings["eval_env_kwargs"], "--env_id")

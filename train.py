@@ -21,9 +21,9 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.config import CRITIC_ESTIMATORS
-from starpo_trl.envs_registry import env_name
+from envs.contract import env_name
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
-from starpo_trl.plotting import plot_curves, plot_dashboard
+from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
 from starpo_trl.trainer import rollout_config
 
 

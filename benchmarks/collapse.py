@@ -96,7 +96,7 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
     """The guard's events with the shipped default rules, over a logged history (as the live guard in warn mode)."""
     from learning import parse
 
-    from starpo_trl.guard import CollapseMonitor, rules_from_config, signals_from_logs
+    from starpo_trl.monitoring.guard import CollapseMonitor, rules_from_config, signals_from_logs
 
     _, args, _, _ = parse("demo-cpu-frozenlake.yaml")
     monitor, events = CollapseMonitor(rules_from_config(args)), []
@@ -110,7 +110,7 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
 
 def main(replay: bool = False) -> None:
     from report import store
-    from starpo_trl.plotting import plot_dashboard
+    from starpo_trl.monitoring.plotting import plot_dashboard
 
     if not replay:
         warm_model()

@@ -63,13 +63,13 @@ def main() -> None:
     from report import store
     from starpo_trl import MultiTurnStarPOTrainer
     from starpo_trl.models import load_model_and_tokenizer
-    from starpo_trl.plotting import series
+    from starpo_trl.monitoring.plotting import series
     from starpo_trl.trainer import rollout_config
     from starpo_trl.warm_start import demonstrations, warm_start
 
     results = {}
     for env_id, (recipe, max_steps) in RECIPES.items():
-        from starpo_trl.envs_registry import env_name
+        from envs.contract import env_name
 
         name = env_name(env_id)
         warm_dir = OUT / name / "warm"

@@ -69,8 +69,8 @@ def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
 def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict:
     """One finished `train.py --config RECIPE` run (its output_dir) as a "runs" entry."""
     import report
-    from starpo_trl.envs_registry import env_name
-    from starpo_trl.plotting import plot_curves
+    from envs.contract import env_name
+    from starpo_trl.monitoring.plotting import plot_curves
 
     config = yaml.safe_load(pathlib.Path(recipe).read_text())
     out = json.loads((pathlib.Path(run_dir) / "report.json").read_text())

@@ -149,7 +149,7 @@ def step_time_rows(model_seed: int = 0) -> dict:
 
     import gymnasium as gym
     from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-    from starpo_trl.prompting import first_user_message, parse_reply
+    from starpo_trl.rollout.prompting import first_user_message, parse_reply
     from starpo_trl.rollout import ChatFormat
 
     tok = build_tiny_tokenizer()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from starpo_trl.advantages import num_kept_groups
+from starpo_trl.algorithms import num_kept_groups
 
 FILTER_METRICS = ("std", "std_rev", "none")
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "gae", "bilevel_gae", "turn_gae")
@@ -63,7 +63,7 @@ class StarPOConfig(GRPOConfig):
         env_step_timeout (`float` or `None`): seconds an env reset/step may take; a slower one ends
             its episode and its worker process is killed (needs `env_runner="processes"`, the default
             when a timeout is set). `None`: no limit.
-        env_runner (`str` or `None`): where env calls run (`starpo_trl.env_runner`): `inline` (in the
+        env_runner (`str` or `None`): where env calls run (`starpo_trl.rollout.env_runner`): `inline` (in the
             trainer's process, one episode after another), `threads` (the episodes of a turn stepped
             concurrently on threads: I/O-bound envs), `processes` (each env in a worker process, stepped
             concurrently; a call past `env_step_timeout` kills its worker). `None`: `processes` when
@@ -73,7 +73,7 @@ class StarPOConfig(GRPOConfig):
             or `failure_reward` (trained on, with reward `env_failure_reward`, default 0.0).
         vllm_lora_sync (`bool`, False): with LoRA and `vllm_mode="colocate"`, push only the adapter
             to vLLM before each rollout (vLLM's LoRA support) instead of TRL's merged full weights
-            (see `starpo_trl.vllm_lora`). Not with `vllm_enable_sleep_mode`.
+            (see `starpo_trl.rollout.lora_sync`). Not with `vllm_enable_sleep_mode`.
 
         > StarPO-S
 
@@ -115,7 +115,7 @@ class StarPOConfig(GRPOConfig):
             failed in `reset`) is skipped: no optimizer update, `rollout/empty_step` logged as 1. After
             this many such steps in a row training stops with an error.
 
-        > Collapse guard (see `starpo_trl.guard`)
+        > Collapse guard (see `starpo_trl.monitoring.guard`)
 
         collapse_guard (`str`, `"warn"`): `off`, `warn` (log the event), `stop` (also save the last
             healthy weights to `output_dir/last-healthy` and stop) or `rollback` (also load them back
@@ -236,7 +236,7 @@ class StarPOConfig(GRPOConfig):
         self.eval_env_id = self.eval_env_id or self.env_id
         self._check_ranges()
         if self.env_id is not None:
-            from starpo_trl.envs_registry import check_env_contract, check_env_id
+            from envs.contract import check_env_contract, check_env_id
 
             check_env_id(self.env_id, "env_id")
             check_env_id(self.eval_env_id, "eval_env_id")
@@ -244,7 +244,7 @@ class StarPOConfig(GRPOConfig):
             check_env_contract(self.eval_env_id, self.eval_env_kwargs, "eval_env_id")
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
-        from starpo_trl.env_runner import RUNNERS
+        from starpo_trl.rollout.env_runner import RUNNERS
 
         if self.env_runner is not None and self.env_runner not in RUNNERS:
             raise ValueError(f"env_runner must be one of {RUNNERS} (or unset), got {self.env_runner!r}")
@@ -275,7 +275,7 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(f"reward_norm_scope must be group or batch, got {self.reward_norm_scope!r}")
         if self.use_turn_rewards and self.reward_normalization == "asym_clip":
             raise ValueError("reward_normalization='asym_clip' cannot be split over turns: use mean_std with use_turn_rewards, or turn rewards off.")
-        from starpo_trl.guard import GUARD_ACTIONS
+        from starpo_trl.monitoring.guard import GUARD_ACTIONS
 
         if self.collapse_guard not in GUARD_ACTIONS:
             raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {self.collapse_guard!r}")

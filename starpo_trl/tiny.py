@@ -37,7 +37,7 @@ def _corpus() -> list[str]:
     import gymnasium as gym
 
     import envs
-    from starpo_trl.prompting import first_user_message, turn_message
+    from starpo_trl.rollout.prompting import first_user_message, turn_message
 
     lines = []
     for env_id in envs.ENV_IDS:

@@ -23,7 +23,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, use_adapter
 from accelerate.utils import gather_object
 
-from starpo_trl.advantages import (
+from starpo_trl.algorithms import (
     between_group_share,
     bilevel_gae,
     expand_groups,
@@ -40,17 +40,17 @@ from starpo_trl.advantages import (
     whiten,
 )
 from starpo_trl.config import CRITIC_ESTIMATORS, ROLLOUT_SETTINGS_FILE, StarPOConfig
-from starpo_trl.critic import Critic, deepspeed_critic_config, explained_variance
-from starpo_trl.diagnostics import reasoning_metrics
-from starpo_trl.envs_registry import env_name
-from starpo_trl.evaluation import episode_metrics
-from starpo_trl.prompting import parse_reply
-from starpo_trl.guard import CollapseGuard, rules_from_config
-from starpo_trl.model_card import render_model_card
+from starpo_trl.algorithms.critic import Critic, deepspeed_critic_config, explained_variance
+from starpo_trl.monitoring.diagnostics import reasoning_metrics
+from envs.contract import env_name
+from starpo_trl.monitoring.metrics import episode_metrics
+from starpo_trl.rollout.prompting import parse_reply
+from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
+from starpo_trl.monitoring.model_card import render_model_card
 from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
-from starpo_trl.shaping import ThinkShaping
-from starpo_trl.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
-from starpo_trl.vllm_lora import AdapterSync, lora_engine, lora_rank
+from starpo_trl.rollout.shaping import ThinkShaping
+from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
+from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:
@@ -135,7 +135,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         backend: optional generation backend (`starpo_trl.rollout.GenerationBackend`); default
             `HFBackend` on the policy itself.
         reasoning_reward_fn: optional `(think, answer, previous_think, turn) -> float`, added to
-            each turn's reward (see `starpo_trl.shaping`).
+            each turn's reward (see `starpo_trl.rollout.shaping`).
         value_model: optional model (or Hub id / local dir) whose decoder initialises a full critic,
             e.g. the policy's weights before a warm start; it must share the policy's tokenizer.
             Default: the policy's own weights.

@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from starpo_trl.critic import Critic
+from starpo_trl.algorithms.critic import Critic
 from starpo_trl.models import weights_digest
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
 

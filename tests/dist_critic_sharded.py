@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from starpo_trl.critic import Critic, _decoder, deepspeed_critic_config  # noqa: E402
+from starpo_trl.algorithms.critic import Critic, _decoder, deepspeed_critic_config  # noqa: E402
 from starpo_trl.models import weights_digest  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from starpo_trl.advantages import between_group_share, expand_groups, grpo_advantages, num_kept_groups, select_groups
+from starpo_trl.algorithms import between_group_share, expand_groups, grpo_advantages, num_kept_groups, select_groups
 
 
 def test_filter_keeps_exactly_the_largest_std_groups_by_hand():
@@ -41,7 +41,7 @@ def test_grpo_advantages_by_hand():
 
 
 # -- turn-aware credit ------------------------------------------------------------------------------
-from starpo_trl.advantages import (  # noqa: E402
+from starpo_trl.algorithms import (  # noqa: E402
     bilevel_gae, masked_gae, normalize_rewards, place_rewards, reward_normalization_terms, rloo_advantages, whiten,
 )
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.critic import CRITIC_ADAPTER, Critic, explained_variance, value_loss
+from starpo_trl.algorithms.critic import CRITIC_ADAPTER, Critic, explained_variance, value_loss
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_trainer_critic_advantages_are_per_token_and_masked(tmp_path, tiny_token
 
 
 def test_critic_advantages_are_whitened_over_model_tokens_and_the_value_targets_chosen(tmp_path, tiny_tokenizer, policy):
-    from starpo_trl.advantages import whiten
+    from starpo_trl.algorithms import whiten
 
     seeds = [{"seed": s} for s in range(2) for _ in range(4)]
     raw_args = make_args(tmp_path, advantage_estimator="turn_gae", use_turn_rewards=True, whiten_advantages=False)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from starpo_trl.diagnostics import load_run, main
+from starpo_trl.monitoring.diagnostics import load_run, main
 
 
 def history(n=6):
@@ -44,7 +44,7 @@ def test_plot_from_newest_checkpoint_via_module_cli(tmp_path):
     hist, events, env = load_run(str(tmp_path))
     assert len(hist) == 10 and events is None and env is None
     out = tmp_path / "d.png"
-    subprocess.run([sys.executable, "-m", "starpo_trl.diagnostics", "plot", str(tmp_path), "--out", str(out)], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    subprocess.run([sys.executable, "-m", "starpo_trl.monitoring.diagnostics", "plot", str(tmp_path), "--out", str(out)], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.stat().st_size > 1000
 
 

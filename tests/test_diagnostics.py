@@ -1,6 +1,6 @@
 import pytest
 
-from starpo_trl.diagnostics import distinct_n, ngram_jaccard, reasoning_metrics, template_share
+from starpo_trl.monitoring.diagnostics import distinct_n, ngram_jaccard, reasoning_metrics, template_share
 
 
 def test_distinct_n_by_hand():

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.guard import CollapseMonitor, GuardRules
+from starpo_trl.monitoring.guard import CollapseMonitor, GuardRules
 
 from test_trainer import make_args
 

@@ -9,7 +9,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.model_card import evaluation_table
+from starpo_trl.monitoring.model_card import evaluation_table
 
 from test_trainer import make_args
 

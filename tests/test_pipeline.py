@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from starpo_trl.prompting import parse_reply
+from starpo_trl.rollout.prompting import parse_reply
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
 from starpo_trl.warm_start import demonstration, demonstrations, tokenize_demonstration
 

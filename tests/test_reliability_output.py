@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import envs
-from starpo_trl.prompting import parse_reply
+from starpo_trl.rollout.prompting import parse_reply
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
 
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<answer>", "</answer>", "||", "<|eot_id|>"]

@@ -8,7 +8,7 @@ import torch
 import trl
 
 from conftest import assert_logprobs_match_a_forward_pass, env_spans
-from starpo_trl.prompting import parse_reply
+from starpo_trl.rollout.prompting import parse_reply
 from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
 
 TEMPLATES = pathlib.Path(trl.__file__).parent / "chat_templates"
@@ -197,7 +197,7 @@ def test_reply_parsing_is_linear_in_the_reply_length():
 def test_linear_parser_finds_what_the_regex_finds(parts):
     import re
 
-    from starpo_trl.prompting import _find_answer, _find_think_answer
+    from starpo_trl.rollout.prompting import _find_answer, _find_think_answer
 
     text = "".join(parts)
     m = re.search(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", text, re.DOTALL)

@@ -3,7 +3,7 @@
 import pytest
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-from starpo_trl.shaping import ThinkShaping, think_reward
+from starpo_trl.rollout.shaping import ThinkShaping, think_reward
 
 
 def test_think_reward_by_hand():

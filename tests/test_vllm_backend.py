@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-from starpo_trl.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
+from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
 
 class FakeGeneration:

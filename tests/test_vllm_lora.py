@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.vllm_lora import AdapterSync, LoRALLM, lora_engine, lora_rank, max_lora_rank
+from starpo_trl.rollout.lora_sync import AdapterSync, LoRALLM, lora_engine, lora_rank, max_lora_rank
 
 
 class LoRARequest:  # vllm.lora.request.LoRARequest's positional signature: name, int id, path

@@ -15,7 +15,7 @@ it one turn at a time:
 
 The trainer syncs weights before each rollout when the step changed (TRL's ``sync_weights``: with
 PEFT the adapter is merged and the merged weights are pushed; with ``vllm_lora_sync`` only the
-adapter, see ``starpo_trl.vllm_lora``) and applies TRL's importance-sampling
+adapter, see ``starpo_trl.rollout.lora_sync``) and applies TRL's importance-sampling
 correction (``vllm_importance_sampling_ratio``) between vLLM's and the trainer's logprobs.
 """
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainerCallback
 
-from starpo_trl.envs_registry import env_name
+from envs.contract import env_name
 
 GUARD_ACTIONS = ("off", "warn", "stop", "rollback")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from starpo_trl.envs_registry import env_name
+from envs.contract import env_name
 
 # (field, label) of the StarPO settings shown in the card
 SETTINGS = (
