@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from starpo_trl.trainer import rollout_config
+    from starpo_trl.config import rollout_config
 
     tokenizer = AutoTokenizer.from_pretrained(a.model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(a.model_name_or_path, dtype="auto")

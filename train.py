@@ -15,36 +15,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.config import CRITIC_ESTIMATORS
+from starpo_trl.algorithms import critic_estimators, get_estimator
 from envs.contract import env_name
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
-from starpo_trl.trainer import rollout_config
-
-
-@dataclass
-class RunArguments:
-    warm_start_episodes: int = field(default=0, metadata={"help": "Noisy-expert episodes for warm-start SFT (0: no warm start)."})
-    warm_start_noise: float = field(default=0.3, metadata={"help": "Probability that the expert's action is replaced by a random one."})
-    warm_start_actions_per_turn: int = field(default=1, metadata={"help": "Actions the expert writes per turn."})
-    warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
-    warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
-    warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
-    eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
-    report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
-    critic_init: str = field(
-        default="policy",
-        metadata={"help": "Weights of a full critic: 'policy' (as RL starts, after any warm start), 'pre_warm_start' (the model as loaded), or a model id/dir."},
-    )
-    rank_summary: bool = field(
-        default=False,
-        metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."},
-    )
+from starpo_trl.config import RunArguments, rollout_config
 
 
 def append_report(path: str, result: dict, wall_seconds: float) -> None:
@@ -95,10 +74,10 @@ def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
     """Everything that can be checked before a model loads or a warm start runs."""
     if args.env_id is None:
         raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
-    if run_args.critic_init != "policy" and (args.advantage_estimator not in CRITIC_ESTIMATORS or args.critic_type != "full"):
+    if run_args.critic_init != "policy" and (not get_estimator(args.advantage_estimator).critic or args.critic_type != "full"):
         raise ValueError(
             f"critic_init={run_args.critic_init!r} sets the weights of a full critic: use it with critic_type=full and "
-            f"advantage_estimator in {sorted(CRITIC_ESTIMATORS)}, or leave critic_init=policy."
+            f"advantage_estimator in {critic_estimators()}, or leave critic_init=policy."
         )
     if run_args.critic_init not in ("policy", "pre_warm_start"):
         check_model_source(run_args.critic_init, "critic_init")
@@ -162,15 +141,15 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size, seed=args.seed,
             use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
         )
-    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args), value_model=value_model)
+    trainer = MultiTurnStarPOTrainer(
+        model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args), value_model=value_model, recipe=recipe_text()
+    )
     del value_model  # the critic holds its own copy
-    trainer.recipe = recipe_text()
     critic_initial = None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters())
-    before = trainer.evaluate_success() if run_args.eval_before else None
+    before = trainer.evaluate_success(name="before RL") if run_args.eval_before else None
     # resuming re-runs the (seeded) warm start first: a LoRA checkpoint holds only the adapter, not the warm-started base
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    after = trainer.evaluate_success()
-    trainer.evaluation_results = {**({"before RL": before} if before else {}), "after RL": after}
+    after = trainer.evaluate_success(name="after RL")
     trainer.save_model(args.output_dir)
     trainer.create_model_card()
     result = {

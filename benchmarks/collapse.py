@@ -47,7 +47,7 @@ def warm_model() -> pathlib.Path:
     warm_dir = OUT / "warm"
     if not (warm_dir / "model.safetensors").exists():
         from starpo_trl.models import load_model_and_tokenizer
-        from starpo_trl.trainer import rollout_config
+        from starpo_trl.config import rollout_config
         from starpo_trl.warm_start import demonstrations, warm_start
 
         run_args, args, model_args, tiny_args = parse("demo-cpu-frozenlake.yaml", output_dir=str(warm_dir))

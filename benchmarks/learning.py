@@ -35,7 +35,7 @@ def parse(recipe: str, **overrides):
 
     from starpo_trl import StarPOConfig
     from starpo_trl.models import TinyModelArguments
-    from train import RunArguments
+    from starpo_trl.config import RunArguments
 
     config = {**yaml.safe_load((ROOT / "recipes" / recipe).read_text()), **overrides}
     return TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments)).parse_dict(config)
@@ -64,7 +64,7 @@ def main() -> None:
     from starpo_trl import MultiTurnStarPOTrainer
     from starpo_trl.models import load_model_and_tokenizer
     from starpo_trl.monitoring.plotting import series
-    from starpo_trl.trainer import rollout_config
+    from starpo_trl.config import rollout_config
     from starpo_trl.warm_start import demonstrations, warm_start
 
     results = {}

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from starpo_trl.algorithms import num_kept_groups
+from starpo_trl.algorithms import get_estimator, num_kept_groups
+from starpo_trl.rollout import RolloutConfig
+from starpo_trl.rollout.shaping import ThinkShaping
 
 FILTER_METRICS = ("std", "std_rev", "none")
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "gae", "bilevel_gae", "turn_gae")
-CRITIC_ESTIMATORS = ("gae", "bilevel_gae", "turn_gae")
 # our names for how per-token losses are averaged -> the TRL loss_type that aggregates that way
 # The settings that decide how an episode is played and evaluated: saved next to a trained model
 # (ROLLOUT_SETTINGS_FILE), so evaluate.py plays it exactly as the trainer's held-out evaluation did.
@@ -267,8 +267,7 @@ class StarPOConfig(GRPOConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_completion_length is None or self.max_completion_length < self.max_episode_tokens:
             self.max_completion_length = self.max_episode_tokens
-        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}")
+        get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
         if self.reward_normalization not in ("identity", "mean", "mean_std", "asym_clip"):
             raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}")
         if self.reward_norm_scope not in ("group", "batch"):
@@ -377,3 +376,35 @@ class StarPOConfig(GRPOConfig):
     def rollout_settings(self) -> dict:
         """The settings in ``ROLLOUT_SETTINGS``, as saved next to a trained model."""
         return {name: getattr(self, name) for name in ROLLOUT_SETTINGS}
+
+
+@dataclass
+class RunArguments:
+    """The arguments of ``train.py`` beyond ``StarPOConfig`` and TRL's ``ModelConfig``: the warm start,
+    the evaluation before RL, the report and the critic's initial weights."""
+
+
+    warm_start_episodes: int = field(default=0, metadata={"help": "Noisy-expert episodes for warm-start SFT (0: no warm start)."})
+    warm_start_noise: float = field(default=0.3, metadata={"help": "Probability that the expert's action is replaced by a random one."})
+    warm_start_actions_per_turn: int = field(default=1, metadata={"help": "Actions the expert writes per turn."})
+    warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
+    warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
+    warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
+    eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
+    report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
+    critic_init: str = field(
+        default="policy",
+        metadata={"help": "Weights of a full critic: 'policy' (as RL starts, after any warm start), 'pre_warm_start' (the model as loaded), or a model id/dir."},
+    )
+    rank_summary: bool = field(
+        default=False,
+        metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."},
+    )
+
+
+def rollout_config(args) -> RolloutConfig:
+    """The episode engine's settings from a ``StarPOConfig`` (or any object with its fields): every
+    ``RolloutConfig`` field is read from the config field of the same name, and each ``ThinkShaping``
+    field ``x`` from ``think_x``."""
+    shaping = ThinkShaping(**{f.name: getattr(args, f"think_{f.name}") for f in fields(ThinkShaping)})
+    return RolloutConfig(**{f.name: getattr(args, f.name) for f in fields(RolloutConfig) if f.name != "think_shaping"}, think_shaping=shaping)

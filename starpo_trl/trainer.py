@@ -11,7 +11,6 @@ Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from contextlib import nullcontext
 
@@ -24,31 +23,22 @@ from trl.trainer.utils import pad, use_adapter
 from accelerate.utils import gather_object
 
 from starpo_trl.algorithms import (
-    between_group_share,
-    bilevel_gae,
+    get_estimator,
     expand_groups,
     group_std,
-    grpo_advantages,
-    masked_gae,
-    nanstd,
     normalize_rewards,
-    place_rewards,
     reward_normalization_terms,
-    rloo_advantages,
     select_groups,
     turn_end_mask,
     whiten,
 )
-from starpo_trl.config import CRITIC_ESTIMATORS, ROLLOUT_SETTINGS_FILE, StarPOConfig
-from starpo_trl.algorithms.critic import Critic, deepspeed_critic_config, explained_variance
-from starpo_trl.monitoring.diagnostics import reasoning_metrics
+from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
+from starpo_trl.algorithms.critic import build_critic, explained_variance
 from envs.contract import env_name
-from starpo_trl.monitoring.metrics import episode_metrics
-from starpo_trl.rollout.prompting import parse_reply
+from starpo_trl.monitoring.metrics import episode_metrics, rollout_metrics
 from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
 from starpo_trl.monitoring.model_card import render_model_card
-from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
-from starpo_trl.rollout.shaping import ThinkShaping
+from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 
@@ -65,22 +55,6 @@ def env_reward(completions, episode_reward, **kwargs) -> list[float]:
 def start_state_dataset(args: StarPOConfig) -> Dataset:
     """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
     return Dataset.from_dict({"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))})
-
-
-def rollout_config(args: StarPOConfig) -> RolloutConfig:
-    return RolloutConfig(
-        max_turns=args.max_turns,
-        max_actions_per_turn=args.max_actions_per_turn,
-        max_actions_per_episode=args.max_actions_per_episode,
-        max_tokens_per_turn=args.max_tokens_per_turn,
-        max_episode_tokens=args.max_episode_tokens,
-        enable_think=args.enable_think,
-        format_penalty=args.format_penalty,
-        temperature=args.temperature,
-        env_step_timeout=args.env_step_timeout,
-        env_runner=args.env_runner,
-        think_shaping=ThinkShaping(args.think_bonus, args.think_min_words, args.think_max_words, args.think_copy_penalty),
-    )
 
 
 def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, torch.Tensor]:
@@ -139,11 +113,12 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         value_model: optional model (or Hub id / local dir) whose decoder initialises a full critic,
             e.g. the policy's weights before a warm start; it must share the policy's tokenizer.
             Default: the policy's own weights.
+        recipe: optional recipe text (the YAML the run was started from), shown in the model card.
     """
 
     def __init__(
         self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None,
-        backend=None, reasoning_reward_fn=None, value_model=None,
+        backend=None, reasoning_reward_fn=None, value_model=None, recipe: str | None = None,
     ):
         if not isinstance(args, StarPOConfig) or args.env_id is None:
             raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
@@ -168,57 +143,28 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self._backend = backend
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
         self.evaluation_results: dict[str, dict] = {}  # name -> held-out metrics, shown in the model card
-        self.recipe: str | None = None  # the recipe text, shown in the model card
-        self.critic = None
-        if args.advantage_estimator in CRITIC_ESTIMATORS:
-            deepspeed_config = fsdp_accelerator = None
-            if self.is_fsdp_enabled:
-                if args.critic_type == "lora":
-                    raise ValueError(
-                        "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
-                        "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
-                    )
-                fsdp_accelerator = self.accelerator
-            if self.is_deepspeed_enabled:
-                plugin = self.accelerator.state.deepspeed_plugin
-                if args.critic_type == "lora" and plugin.zero_stage == 3:
-                    raise ValueError(
-                        "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
-                        "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
-                    )
-                if args.critic_type == "full":  # its own engine: sharded as the policy is
-                    precision = self.accelerator.mixed_precision
-                    deepspeed_config = deepspeed_critic_config(
-                        plugin.deepspeed_config, args.per_device_train_batch_size, args.max_grad_norm, precision == "bf16", precision == "fp16"
-                    )
-            policy = self.accelerator.unwrap_model(self.model)
-            if isinstance(value_model, str):
-                from transformers import AutoModelForCausalLM
-
-                value_model = AutoModelForCausalLM.from_pretrained(value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code)
-            self.critic = Critic(
-                policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model,
-                deepspeed_config=deepspeed_config, fsdp_accelerator=fsdp_accelerator,
-            )
-        elif value_model is not None:
-            raise ValueError(f"value_model is only used by a critic: set advantage_estimator to one of {sorted(CRITIC_ESTIMATORS)}.")
+        self.recipe = recipe  # the recipe text, shown in the model card
+        self.critic = build_critic(self.accelerator.unwrap_model(self.model), args, self.accelerator, value_model)
         # Built once: it checks the chat template (prefix preservation) before any training step.
-        self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
-        self.engine.progress = not args.disable_tqdm and self.accelerator.is_main_process
+        self.engine = RolloutEngine(self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
+        self._vllm_backend = None
         self.skip_update, self.empty_steps_in_a_row = False, 0
         self.add_callback(_SkipEmptyUpdate(self))
         self.guard = None
         if args.collapse_guard != "off":
             if args.collapse_guard in ("stop", "rollback") and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
                 raise ValueError("collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2.")
-            self.guard = CollapseGuard(self, args.collapse_guard, rules_from_config(args), args.collapse_guard_snapshot_steps)
+            self.guard = CollapseGuard(
+                args.collapse_guard, rules_from_config(args), args.collapse_guard_snapshot_steps, save_model=self.save_model, critic=self.critic
+            )
             self.add_callback(self.guard)
 
     # -- rollouts ------------------------------------------------------------------------------------
-    def play(self, starts: list[StartState], temperature: float) -> list[Episode]:
+    def play(self, starts: list[StartState], temperature: float) -> Rollout:
         """Play episodes from ``starts`` with the current policy."""
+        progress = not self.args.disable_tqdm and self.accelerator.is_main_process
         if self._backend is not None:
-            return self.engine.run(starts, temperature)
+            return self.engine.run(starts, temperature, self._backend, progress)
         if self.use_vllm:
             if self.state.global_step != self._last_loaded_step:  # push the current weights (or LoRA adapter) to vLLM
                 if self.adapter_sync is not None:
@@ -226,12 +172,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 else:
                     self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
-            if not isinstance(self.engine.backend, VLLMBackend):
-                self.engine.backend = VLLMBackend(self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id)
-            return self.engine.run(starts, temperature)
+            if self._vllm_backend is None:
+                self._vllm_backend = VLLMBackend(self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id)
+            return self.engine.run(starts, temperature, self._vllm_backend, progress)
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
-            self.engine.backend = HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids)
-            return self.engine.run(starts, temperature)
+            return self.engine.run(starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress)
 
     def _starts(self, seeds, env_id, env_kwargs) -> list[StartState]:
         kwargs = tuple(sorted(env_kwargs.items()))
@@ -252,7 +197,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         starts = self._starts([x["seed"] for x in inputs], args.env_id, args.env_kwargs)
         # Each process plays its share; filtering, normalisation and group advantages then run on the
         # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
-        episodes = self._gather_episodes(self.play(starts, self.temperature))
+        rollout = self.play(starts, self.temperature)
+        episodes = self._gather_episodes(rollout)
 
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
@@ -263,12 +209,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
         keep = expand_groups(kept_groups, group)
         kept_rewards = normalize_rewards(rewards[keep], group, args.reward_normalization, args.reward_norm_scope)
-        if args.advantage_estimator == "grpo":
-            kept_advantages = grpo_advantages(kept_rewards, group, self.scale_rewards)
-        elif args.advantage_estimator == "rloo":
-            kept_advantages = rloo_advantages(kept_rewards, group)
-        else:
-            kept_advantages = None  # per token, from the critic, on this process's rows
+        estimator = get_estimator(args.advantage_estimator)
+        # per trajectory from its group; or (a critic estimator) per token, later, on this process's rows
+        kept_advantages = None if estimator.critic else estimator.fn(kept_rewards, group, self.scale_rewards)
         # this process's rows of the kept batch
         share = len(keep) // self.accelerator.num_processes
         mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
@@ -325,7 +268,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                     )
 
         row_advantages = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
-        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep)
+        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep, rollout.timings)
         return batch
 
     def _critic_advantages(self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
@@ -346,15 +289,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             ]
         else:  # the whole (normalised) episode reward on the last turn
             turn_rewards = [[0.0] * (len(ep.turn_rewards) - 1) + [n] if ep.turn_rewards else [] for ep, n in zip(kept, normalized[mine].tolist())]
-        if args.advantage_estimator == "gae":
-            token_rewards = place_rewards(values.shape, turn_rewards, ends, per_turn=True).to(values.device)
-            advantages, returns = masked_gae(token_rewards, values, loss_mask, args.gamma, args.lam)
-        else:
-            advantages, returns = bilevel_gae(
-                turn_rewards, ends, values.cpu(), loss_mask.cpu(), args.gamma, args.lam, args.turn_gamma, args.turn_lambda,
-                turn_level_only=args.advantage_estimator == "turn_gae",
-            )
-            advantages, returns = advantages.to(values.device), returns.to(values.device)
+        advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
         # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
         value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
         batch["old_values"], batch["returns"], batch["value_mask"] = values, returns, value_mask
@@ -474,34 +409,19 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         os.makedirs(self.args.output_dir, exist_ok=True)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
-    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep):
+    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep, timings):
         """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``kept`` and
         ``advantages`` are this process's rows, gathered for the sample table."""
         group = self.num_generations
-        metrics = episode_metrics(episodes, group)
-        name = env_name(self.args.env_id)
+        shaping = self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None
+        metrics, thinks = rollout_metrics(
+            episodes, rewards, group, num_kept_groups, env_name(self.args.env_id), timings, self.args.enable_think,
+            getattr(self, "_previous_thinks", None), shaping,
+        )
         for key, value in metrics.items():
-            self._metrics[mode][f"env/{name}/{key}"].append(value)
-        if self.args.enable_think:  # echo-trap indicators on the decoded reasoning
-            thinks = [parse_reply(m["content"]).think for ep in episodes for m in ep.messages if m["role"] == "assistant"]
-            for key, value in reasoning_metrics(thinks, getattr(self, "_previous_thinks", None)).items():
-                self._metrics[mode][f"reasoning/{key}"].append(value)
-            self._previous_thinks = [t for t in thinks if t]
-            if self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None:
-                self._metrics[mode]["reasoning/shaping_reward"].append(sum(ep.shaping_reward for ep in episodes) / len(episodes))
-        share = between_group_share(rewards, group)  # how much of the return variance a critic could explain from the start state
-        if not math.isnan(share):
-            self._metrics[mode][f"env/{name}/reward_between_group_share"].append(share)
-        self._metrics[mode]["env/errors"].append(float(sum(ep.env_error is not None for ep in episodes)))
-        self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
-        self._metrics[mode]["reward_std"].append(nanstd(rewards, dim=0).item())
-        self._metrics[mode]["frac_reward_zero_std"].append(metrics.get("frac_zero_std_groups", 0.0))
-        self._metrics[mode]["rollout/kept_fraction"].append(num_kept_groups * group / len(episodes))
-        model_tokens = [sum(ep.env_mask) for ep in episodes]
-        self._metrics[mode]["completions/mean_length"].append(sum(model_tokens) / len(model_tokens))
-        self._metrics[mode]["rollout/generate_seconds"].append(self.engine.timings["generate"])
-        self._metrics[mode]["rollout/env_seconds"].append(self.engine.timings["env"])
-        self.engine.timings = {"generate": 0.0, "env": 0.0}
+            self._metrics[mode][key].append(value)
+        if self.args.enable_think:
+            self._previous_thinks = thinks
         if mode == "train":
             tokens = torch.tensor(float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device)
             self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
@@ -521,8 +441,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self._logs["extra"]["turns"].append(ep.num_turns)
 
     # -- held-out evaluation ----------------------------------------------------------------------------
-    def evaluate_success(self, num_episodes: int | None = None) -> dict[str, float]:
-        """Play the fixed held-out seeds at ``eval_temperature``; return episode metrics."""
+    def evaluate_success(self, num_episodes: int | None = None, name: str | None = None) -> dict[str, float]:
+        """Play the fixed held-out seeds at ``eval_temperature``; return episode metrics. With ``name``
+        (e.g. ``"before RL"``) they are also kept for the model card's evaluation table."""
         args: StarPOConfig = self.args
         n = num_episodes or args.num_eval_episodes
         seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
@@ -534,7 +455,10 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if was_training:
             self.model.train()
         self.last_eval_episodes = episodes
-        return episode_metrics(episodes)
+        metrics = episode_metrics(episodes)
+        if name is not None:
+            self.evaluation_results[name] = metrics
+        return metrics
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         metrics = {f"{metric_key_prefix}_{k}": v for k, v in self.evaluate_success().items()}

@@ -86,7 +86,7 @@ def test_rollback_restores_the_last_healthy_weights_exactly(tmp_path, tiny_token
     )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
     guard, state, control = trainer.guard, trainer.state, trainer.control
-    guard.on_train_begin(args, state, control)
+    guard.on_train_begin(args, state, control, model=trainer.model)  # as Trainer's callback handler calls it
 
     def nudge(scale):
         with torch.no_grad():
@@ -99,7 +99,7 @@ def test_rollback_restores_the_last_healthy_weights_exactly(tmp_path, tiny_token
         nudge(0.01)
         state.global_step = step
         seen[step] = _params(trainer.model)
-        guard.on_log(args, state, control, logs=_logs(std))
+        guard.on_log(args, state, control, logs=_logs(std), model=trainer.model)
     # snapshots at healthy steps 2 and 4; the warning at step 5 (0.01 < 0.25 x 1.0)
     assert guard.snapshot_step == 4 and control.should_training_stop
     expected = seen[4] if action == "rollback" else seen[5]

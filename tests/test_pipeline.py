@@ -63,7 +63,7 @@ def test_recipes_parse(recipe):
 
     from starpo_trl import StarPOConfig
     from starpo_trl.models import TinyModelArguments
-    from train import RunArguments
+    from starpo_trl.config import RunArguments
 
     config = yaml.safe_load(recipe.read_text())
     config.pop("bf16", None)  # recipes for GPUs ask for bf16 or fp16, which this CPU cannot check

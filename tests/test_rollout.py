@@ -1,6 +1,7 @@
 import copy
 import pathlib
 
+import gymnasium as gym
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -288,3 +289,20 @@ def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer
     # a new rollout starts from nothing: the engine resets the backend's kept state
     again = engine(tiny_tokenizer, backend, max_turns=1, max_tokens_per_turn=4).run(sokoban_starts(1, 1))
     assert again and backend._kept and all(len(t) == len(again[0].prompt_ids) + len(again[0].completion_ids) - 1 for t, _ in backend._kept)
+
+
+def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(tiny_tokenizer, scripted):
+    """The engine keeps no per-run state: the backend can change between runs (as the trainer's
+    does with new weights), and each run returns its own timings."""
+    from starpo_trl.rollout import Rollout
+
+    eng = RolloutEngine(tiny_tokenizer, None, RolloutConfig(max_turns=1), [tiny_tokenizer.eos_token_id])
+    with pytest.raises(ValueError, match="backend"):
+        eng.run([StartState("starpo/Bandit-v0", 4)])
+    safe = "Dragon" if "Dragon: pays 0.15" in str(gym.make("starpo/Bandit-v0").reset(seed=4)[0]) else "Phoenix"
+    first = eng.run([StartState("starpo/Bandit-v0", 4)], backend=scripted(f"<think>x</think><answer>{safe}</answer>"))
+    second = eng.run([StartState("starpo/Bandit-v0", 4)], backend=scripted("<answer>nonsense</answer>"))
+    assert isinstance(first, Rollout) and set(first.timings) == {"generate", "env"} and first.timings["generate"] >= 0
+    assert first[0].num_format_errors == 0 and second[0].num_format_errors == 1
+    assert first.timings is not second.timings
+    assert not hasattr(eng, "timings") and not hasattr(eng, "progress")

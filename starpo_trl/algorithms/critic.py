@@ -370,3 +370,47 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         return float("nan")
     var = r.var()
     return float("nan") if var == 0 else float(1 - (r - v).var() / var)
+
+
+def build_critic(policy, args, accelerator, value_model=None) -> Critic | None:
+    """The critic ``args.advantage_estimator`` needs (None for one that needs none), held as the
+    policy is: its own DeepSpeed engine with the policy's ZeRO stage, sharded by Accelerate's FSDP2,
+    or replicated. Refuses, before anything is built, the combinations that cannot work.
+
+    ``policy`` is the unwrapped policy; ``value_model`` (a model, a Hub id / local dir, or None for
+    the policy's own weights) initialises a full critic; ``args`` is the ``StarPOConfig``.
+    """
+    from starpo_trl.algorithms.estimators import critic_estimators, get_estimator
+
+    if not get_estimator(args.advantage_estimator).critic:
+        if value_model is not None:
+            raise ValueError(f"value_model is only used by a critic: set advantage_estimator to one of {critic_estimators()}.")
+        return None
+    deepspeed_config = fsdp_accelerator = None
+    if getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        if args.critic_type == "lora":
+            raise ValueError(
+                "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
+                "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
+            )
+        fsdp_accelerator = accelerator
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        if args.critic_type == "lora" and plugin.zero_stage == 3:
+            raise ValueError(
+                "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
+                "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
+            )
+        if args.critic_type == "full":  # its own engine: sharded as the policy is
+            precision = accelerator.mixed_precision
+            deepspeed_config = deepspeed_critic_config(
+                plugin.deepspeed_config, args.per_device_train_batch_size, args.max_grad_norm, precision == "bf16", precision == "fp16"
+            )
+    if isinstance(value_model, str):
+        from transformers import AutoModelForCausalLM
+
+        value_model = AutoModelForCausalLM.from_pretrained(value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code)
+    return Critic(
+        policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model,
+        deepspeed_config=deepspeed_config, fsdp_accelerator=fsdp_accelerator,
+    )

@@ -1,10 +1,19 @@
-"""Episode statistics: the per-step training metrics and the held-out success table."""
+"""Episode statistics: the per-step training metrics and the held-out success table.
+
+Logged keys that other parts read back are named in ``starpo_trl.monitoring.keys``.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
+import numpy as np
+import torch
+
+from starpo_trl.algorithms import between_group_share, nanstd
+from starpo_trl.monitoring.diagnostics import reasoning_metrics
 from starpo_trl.rollout import Episode
+from starpo_trl.rollout.prompting import parse_reply
 
 
 def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> dict[str, float]:
@@ -42,3 +51,39 @@ def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> d
             }
         )
     return metrics
+
+
+def rollout_metrics(
+    episodes: list[Episode], rewards: torch.Tensor, group_size: int, num_kept_groups: int, env: str,
+    timings: dict[str, float], think: bool = True, previous_thinks: list[str] | None = None, shaping: bool = False,
+) -> tuple[dict[str, float], list[str]]:
+    """Every metric of one training rollout by its logged key, and the rollout's reasoning texts
+    (the next rollout's ``previous_thinks``, for the echo-trap similarity).
+
+    ``episodes`` is the whole gathered batch, ``rewards`` their (NaN for excluded) rewards,
+    ``timings`` this process's seconds generating and in env calls (``Rollout.timings``).
+    """
+    stats = episode_metrics(episodes, group_size)
+    out = {f"env/{env}/{key}": value for key, value in stats.items()}
+    thinks: list[str] = []
+    if think:  # echo-trap indicators on the decoded reasoning
+        texts = [parse_reply(m["content"]).think for ep in episodes for m in ep.messages if m["role"] == "assistant"]
+        out.update({f"reasoning/{key}": value for key, value in reasoning_metrics(texts, previous_thinks).items()})
+        thinks = [t for t in texts if t]
+        if shaping:
+            out["reasoning/shaping_reward"] = sum(ep.shaping_reward for ep in episodes) / len(episodes)
+    share = between_group_share(rewards, group_size)  # how much of the return variance a critic could explain from the start state
+    if not math.isnan(share):
+        out[f"env/{env}/reward_between_group_share"] = share
+    model_tokens = [sum(ep.env_mask) for ep in episodes]
+    out.update({
+        "env/errors": float(sum(ep.env_error is not None for ep in episodes)),
+        "reward": torch.nanmean(rewards).item(),
+        "reward_std": nanstd(rewards, dim=0).item(),
+        "frac_reward_zero_std": stats.get("frac_zero_std_groups", 0.0),
+        "rollout/kept_fraction": num_kept_groups * group_size / len(episodes),
+        "completions/mean_length": sum(model_tokens) / len(model_tokens),
+        "rollout/generate_seconds": timings["generate"],
+        "rollout/env_seconds": timings["env"],
+    })
+    return out, thinks

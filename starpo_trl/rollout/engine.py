@@ -112,9 +112,26 @@ def _error_text(err: Exception) -> str:
     return str(err) if isinstance(err, EnvCallError) else f"{type(err).__name__}: {err}"
 
 
+class Rollout(list):
+    """The episodes of one ``RolloutEngine.run`` (a list), with the seconds that run spent
+    generating and in env calls (``timings``: ``{"generate": s, "env": s}``)."""
+
+    def __init__(self, episodes=(), timings: dict[str, float] | None = None):
+        super().__init__(episodes)
+        self.timings = timings if timings is not None else {"generate": 0.0, "env": 0.0}
+
+
 class RolloutEngine:
+    """Plays episodes with a generation backend: ``run(starts, temperature, backend=...)``.
+
+    ``backend`` given here is the default of every ``run``; a trainer whose backend changes between
+    rollouts (new weights, vLLM) passes it to each ``run`` instead. Everything of one run (envs,
+    observations, budgets, timings) is local to that run; the engine keeps only its settings, the
+    chat format and the env runner (worker processes, closed by ``close()``).
+    """
+
     def __init__(
-        self, tokenizer, backend: GenerationBackend, config: RolloutConfig, eos_token_ids: list[int],
+        self, tokenizer, backend: GenerationBackend | None, config: RolloutConfig, eos_token_ids: list[int],
         system_prompt: str | None = SYSTEM_PROMPT, reasoning_reward_fn=None,
     ):
         self.tokenizer = tokenizer
@@ -124,8 +141,6 @@ class RolloutEngine:
         self.eos_token_ids = list(eos_token_ids)
         self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
         self.runner = EnvRunner(config.runner_mode(), config.env_step_timeout)
-        self.timings = {"generate": 0.0, "env": 0.0}
-        self.progress = False  # a progress bar of finished episodes (the trainer turns it on on the main process)
 
     def _open(self, start: StartState):
         """Make and reset one env (runs on the runner's threads): ``(env, obs, error)``."""
@@ -146,16 +161,22 @@ class RolloutEngine:
         except Exception:  # a failing close loses nothing: the episode is already recorded
             pass
 
-    def run(self, starts: list[StartState], temperature: float | None = None) -> list[Episode]:
+    def run(self, starts: list[StartState], temperature: float | None = None, backend: GenerationBackend | None = None,
+            progress: bool = False) -> Rollout:
+        """Play one episode per start state; ``progress`` shows a bar of finished episodes."""
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
-        if hasattr(self.backend, "reset"):  # a backend's kept state belongs to the weights of its last rollout
-            self.backend.reset()
+        backend = backend if backend is not None else self.backend
+        if backend is None:
+            raise ValueError("RolloutEngine.run needs a generation backend: pass backend= here or to the engine.")
+        if hasattr(backend, "reset"):  # a backend's kept state belongs to the weights of its last rollout
+            backend.reset()
+        timings = {"generate": 0.0, "env": 0.0}
         episodes: list[Episode] = []
         live: list[_Live] = []
         t0 = time.perf_counter()
         opened = self.runner.map(self._open, starts)
-        self.timings["env"] += time.perf_counter() - t0
+        timings["env"] += time.perf_counter() - t0
         for start, (env, obs, error) in zip(starts, opened):
             if error is None:
                 content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
@@ -167,7 +188,7 @@ class RolloutEngine:
             episodes.append(ep)
             live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
 
-        bar = tqdm(total=len(episodes), desc="episodes", unit="ep", leave=False, disable=not self.progress)
+        bar = tqdm(total=len(episodes), desc="episodes", unit="ep", leave=False, disable=not progress)
         finished = 0
         for turn in range(1, cfg.max_turns + 1):
             active = [i for i, ep in enumerate(episodes) if not ep.done and not ep.truncated]
@@ -176,9 +197,9 @@ class RolloutEngine:
             finished = len(episodes) - len(active)
             bar.set_postfix(turn=turn)
             if not active:
-                if getattr(self.backend, "collective", False):
+                if getattr(backend, "collective", False):
                     # a collective backend (vLLM server mode) needs every process in every call
-                    self.backend.generate([], max_new_tokens=0, temperature=temperature)
+                    backend.generate([], max_new_tokens=0, temperature=temperature)
                     continue
                 break
             # each episode is limited by its own room only; the batch is generated to the largest
@@ -186,12 +207,12 @@ class RolloutEngine:
             # who shares its batch
             limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(episodes[i].completion_ids)) for i in active]
             t0 = time.perf_counter()
-            outputs = self.backend.generate(
+            outputs = backend.generate(
                 [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
                 max_new_tokens=max(limits),
                 temperature=temperature,
             )
-            self.timings["generate"] += time.perf_counter() - t0
+            timings["generate"] += time.perf_counter() - t0
             texts = []
             for i, limit, (ids, logps) in zip(active, limits, outputs):
                 ep = episodes[i]
@@ -205,7 +226,7 @@ class RolloutEngine:
                 texts.append(text)
             t0 = time.perf_counter()
             rewards = self.runner.map(lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts)))
-            self.timings["env"] += time.perf_counter() - t0
+            timings["env"] += time.perf_counter() - t0
             for i, reward in zip(active, rewards):
                 ep, state = episodes[i], live[i]
                 ep.turn_rewards.append(reward)
@@ -226,8 +247,8 @@ class RolloutEngine:
         bar.close()
         t0 = time.perf_counter()
         self.runner.map(self._close, [state.env for state in live if state.env is not None])
-        self.timings["env"] += time.perf_counter() - t0
-        return episodes
+        timings["env"] += time.perf_counter() - t0
+        return Rollout(episodes, timings)
 
     def close(self) -> None:
         """Stop the env worker processes, if any."""
