@@ -59,7 +59,10 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerBase:
     Being a real ``Qwen2Tokenizer`` means a saved tiny checkpoint reloads through ``AutoTokenizer``
     with exactly the same tokenisation, as a Hub Qwen checkpoint would.
     """
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import (
+        PRETOKENIZE_REGEX,
+        Qwen2Tokenizer,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()

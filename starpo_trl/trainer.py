@@ -15,32 +15,35 @@ import os
 from contextlib import nullcontext
 
 import torch
+from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, use_adapter
-from accelerate.utils import gather_object
+from trl.trainer.utils import use_adapter
 
+from envs.contract import env_name
 from starpo_trl.algorithms import (
     get_estimator,
-    expand_groups,
     group_std,
-    normalize_rewards,
-    reward_normalization_terms,
-    select_groups,
     turn_end_mask,
     whiten,
 )
-from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
 from starpo_trl.algorithms.critic import build_critic, explained_variance
-from envs.contract import env_name
-from starpo_trl.monitoring.metrics import episode_metrics, rollout_metrics
+from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
+from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
 from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
+from starpo_trl.monitoring.metrics import (
+    critic_metrics,
+    episode_metrics,
+    rollout_metrics,
+    sample_rows,
+)
 from starpo_trl.monitoring.model_card import render_model_card
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
-from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
+from starpo_trl.rollout.batch import episodes_to_tensors
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
+from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:
@@ -55,30 +58,6 @@ def env_reward(completions, episode_reward, **kwargs) -> list[float]:
 def start_state_dataset(args: StarPOConfig) -> Dataset:
     """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
     return Dataset.from_dict({"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))})
-
-
-def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, torch.Tensor]:
-    """TRL's batch layout: left-padded prompts, right-padded completions, env tokens as ``tool_mask`` 0."""
-    prompt_ids = pad([torch.tensor(ep.prompt_ids) for ep in episodes], padding_value=pad_token_id, padding_side="left")
-    prompt_mask = pad([torch.ones(len(ep.prompt_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="left")
-    completion_ids = pad([torch.tensor(ep.completion_ids, dtype=torch.long) for ep in episodes], padding_value=pad_token_id, padding_side="right")
-    completion_mask = pad([torch.ones(len(ep.completion_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
-    tool_mask = pad([torch.tensor(ep.env_mask, dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
-    logps = pad([torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes], padding_value=0.0, padding_side="right")
-    if completion_ids.size(1) == 0:
-        # no episode has a completion token (all failed in reset): one masked padding column keeps
-        # TRL's shapes valid (logits_to_keep=0 would mean "all positions" to the model)
-        completion_ids = torch.full((len(episodes), 1), pad_token_id, dtype=torch.long)
-        completion_mask, tool_mask = torch.zeros_like(completion_ids), torch.zeros_like(completion_ids)
-        logps = torch.zeros(len(episodes), 1)
-    return {
-        "prompt_ids": prompt_ids.to(device),
-        "prompt_mask": prompt_mask.to(device),
-        "completion_ids": completion_ids.to(device),
-        "completion_mask": completion_mask.to(device),
-        "tool_mask": tool_mask.to(device),
-        "sampling_per_token_logps": logps.to(device),
-    }
 
 
 RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
@@ -201,17 +180,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         episodes = self._gather_episodes(rollout)
 
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
-        rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
-        # A failed episode is left out (NaN: out of its group's statistics, advantage 0, no loss) or
-        # trained on with the failure reward.
-        rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
-        # Variance filter on RAW rewards of the whole batch, before any forward pass.
-        kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
-        keep = expand_groups(kept_groups, group)
-        kept_rewards = normalize_rewards(rewards[keep], group, args.reward_normalization, args.reward_norm_scope)
-        estimator = get_estimator(args.advantage_estimator)
-        # per trajectory from its group; or (a critic estimator) per token, later, on this process's rows
-        kept_advantages = None if estimator.critic else estimator.fn(kept_rewards, group, self.scale_rewards)
+        scored = score_rollout([ep.reward for ep in episodes], failed, group, args, self.scale_rewards)
+        rewards, kept_groups, keep, kept_rewards = scored.rewards, scored.kept_groups, scored.keep, scored.kept_rewards
         # this process's rows of the kept batch
         share = len(keep) // self.accelerator.num_processes
         mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
@@ -234,8 +204,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits_to_keep = batch["completion_ids"].size(1)
-        if kept_advantages is not None:
-            advantages = kept_advantages[mine].to(device)
+        if scored.advantages is not None:
+            advantages = scored.advantages[mine].to(device)
         else:
             advantages = self._critic_advantages(
                 kept, rewards[keep], kept_rewards, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
@@ -243,33 +213,39 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             if mode == "train" and not empty:
                 self._train_critic(input_ids, attention_mask, logits_to_keep, batch["old_values"], batch["returns"], batch["value_mask"])
         batch["advantages"] = advantages
-        with torch.no_grad():
-            generate_every = args.steps_per_generation * self.num_iterations
-            vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-            if args.gradient_accumulation_steps % generate_every != 0 or vllm_correction:
-                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
-                )
-            if vllm_correction:  # vLLM's sampler and the trainer's forward differ: TRL's IS weight corrects it
-                batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
-                    batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask,
-                    self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max,
-                )
-            if self.beta != 0.0:
-                if self.ref_model is not None:
-                    ref_model, ctx = self.ref_model, nullcontext()
-                else:  # PEFT: the base with the adapter off, or the initial copy "ref" when re-training an adapter (as TRL)
-                    ref_model = self.model
-                    unwrapped = self.accelerator.unwrap_model(self.model)
-                    ctx = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
-                with ctx:
-                    batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                        ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
-                    )
-
+        self._old_and_ref_logps(batch, input_ids, attention_mask, logits_to_keep, loss_mask)
         row_advantages = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
         self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep, rollout.timings)
         return batch
+
+    @torch.no_grad()
+    def _old_and_ref_logps(self, batch, input_ids, attention_mask, logits_to_keep, loss_mask) -> None:
+        """The forward passes TRL's loss may need, on the kept rows only: old-policy logprobs (when
+        the batch is reused over several optimizer steps, or to correct vLLM's sampler) and the
+        reference model's (``beta != 0``)."""
+        args: StarPOConfig = self.args
+        generate_every = args.steps_per_generation * self.num_iterations
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if args.gradient_accumulation_steps % generate_every != 0 or vllm_correction:
+            batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+            )
+        if vllm_correction:  # vLLM's sampler and the trainer's forward differ: TRL's IS weight corrects it
+            batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
+                batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask,
+                self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max,
+            )
+        if self.beta != 0.0:
+            if self.ref_model is not None:
+                ref_model, ctx = self.ref_model, nullcontext()
+            else:  # PEFT: the base with the adapter off, or the initial copy "ref" when re-training an adapter (as TRL)
+                ref_model = self.model
+                unwrapped = self.accelerator.unwrap_model(self.model)
+                ctx = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+            with ctx:
+                batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+                )
 
     def _critic_advantages(self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
         """Per-token advantages (B, T) of this process's kept rows ``kept`` from the critic's values;
@@ -278,17 +254,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         args: StarPOConfig = self.args
         values = self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
         ends = [ep.turn_end_positions for ep in kept]
-        if args.use_turn_rewards:
-            # each turn's reward divided by the normalisation scale, the shift taken off the last turn,
-            # so the turn rewards add up to the normalised episode reward (asym_clip is refused here)
-            shift, scale = reward_normalization_terms(raw, self.num_generations, args.reward_normalization, args.reward_norm_scope)
-            shift, scale = shift[mine], scale[mine]
-            turn_rewards = [
-                [x / c for x in ep.turn_rewards[:-1]] + [(ep.turn_rewards[-1] - m) / c] if ep.turn_rewards else []
-                for ep, m, c in zip(kept, shift.tolist(), scale.tolist())
-            ]
-        else:  # the whole (normalised) episode reward on the last turn
-            turn_rewards = [[0.0] * (len(ep.turn_rewards) - 1) + [n] if ep.turn_rewards else [] for ep, n in zip(kept, normalized[mine].tolist())]
+        turn_rewards = critic_turn_rewards([ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args)
         advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
         # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
         value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
@@ -300,12 +266,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             stats = torch.stack([m.sum().double(), x.sum(), (x * x).sum()])
             stats = self.accelerator.reduce(stats, reduction="sum") if self.accelerator.num_processes > 1 else stats
             advantages = whiten(advantages, loss_mask, tuple(stats.tolist()))
-        m = loss_mask.bool()
-        for name, x in (("advantages", advantages), ("returns", returns), ("values", values)):
-            self._metrics[mode][f"{name}/mean"].append(x[m].mean().item() if m.any() else 0.0)
-            self._metrics[mode][f"{name}/std"].append(x[m].std().item() if m.sum() > 1 else 0.0)
-        self._metrics[mode]["advantages/max"].append(advantages[m].max().item() if m.any() else 0.0)
-        self._metrics[mode]["advantages/min"].append(advantages[m].min().item() if m.any() else 0.0)
+        for key, value in critic_metrics(advantages, returns, values, loss_mask).items():
+            self._metrics[mode][key].append(value)
         return advantages
 
     # -- the critic learns on the whole rollout batch, PPO-style -------------------------------------------
@@ -426,19 +388,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             tokens = torch.tensor(float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device)
             self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
         # sample episodes for TRL's completions table (log_completions=True): whole conversations
-        all_kept = [episodes[i] for i in keep.tolist()]
         all_advantages = advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
-        n = min(self.args.num_sample_episodes, len(all_kept))
-        picks = sorted({round(j * (len(all_kept) - 1) / max(1, n - 1)) for j in range(n)}) if n else []
-        for j in picks:
-            ep = all_kept[j]
-            self._logs["prompt"].append(ep.messages[0]["content"] if ep.messages else "")
-            self._logs["completion"].append("\n".join(f"[{m['role']}] {m['content']}" for m in ep.messages[1:]))
-            self._logs["rewards"]["env"].append(ep.reward)
-            self._logs["advantages"].append(all_advantages[j])
-            self._logs["extra"]["seed"].append(ep.start.seed)
-            self._logs["extra"]["success"].append(ep.success)
-            self._logs["extra"]["turns"].append(ep.num_turns)
+        for row in sample_rows([episodes[i] for i in keep.tolist()], all_advantages, self.args.num_sample_episodes):
+            for key in ("prompt", "completion", "advantages"):
+                self._logs[key].append(row[key])
+            self._logs["rewards"]["env"].append(row["reward"])
+            for key in ("seed", "success", "turns"):
+                self._logs["extra"][key].append(row[key])
 
     # -- held-out evaluation ----------------------------------------------------------------------------
     def evaluate_success(self, num_episodes: int | None = None, name: str | None = None) -> dict[str, float]:

@@ -17,8 +17,13 @@ from datasets import Dataset
 
 from envs.base import noisy_expert_action
 from starpo_trl.models import eos_token_ids
-from starpo_trl.rollout.prompting import ACTION_SEPARATOR, SYSTEM_PROMPT, first_user_message, turn_message
 from starpo_trl.rollout import ChatFormat, RolloutConfig
+from starpo_trl.rollout.prompting import (
+    ACTION_SEPARATOR,
+    SYSTEM_PROMPT,
+    first_user_message,
+    turn_message,
+)
 
 
 def expert_reply(actions: list[str], enable_think: bool) -> str:

@@ -316,22 +316,17 @@ def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy,
 
 
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
-def test_lora_critic_is_refused_where_the_policy_is_sharded(tmp_path, tiny_tokenizer, policy, monkeypatch, backend):
-    """FSDP and ZeRO-3 shard the policy, and with it the LoRA critic's adapter: a clear error before training.
-    They need several processes; the flags Trainer derives from the accelerator are set by hand here."""
+def test_lora_critic_is_refused_where_the_policy_is_sharded(tmp_path, policy, backend):
+    """FSDP and ZeRO-3 shard the policy, and with it the LoRA critic's adapter: build_critic (which the
+    trainer calls while it is built, before training) refuses it clearly. They need several processes:
+    the accelerator state here says which one is in use."""
     from types import SimpleNamespace
 
-    original = MultiTurnStarPOTrainer.create_accelerator_and_postprocess
+    from starpo_trl.algorithms.critic import build_critic
 
-    def sharded_accelerator(self):
-        original(self)
-        if backend == "fsdp":
-            self.is_fsdp_enabled = True
-        else:
-            self.is_deepspeed_enabled = True
-            monkeypatch.setattr(type(self.accelerator.state), "deepspeed_plugin", SimpleNamespace(zero_stage=3), raising=False)
-
-    monkeypatch.setattr(MultiTurnStarPOTrainer, "create_accelerator_and_postprocess", sharded_accelerator)
+    state = SimpleNamespace(fsdp_plugin=object() if backend == "fsdp" else None,
+                            deepspeed_plugin=SimpleNamespace(zero_stage=3) if backend == "zero3" else None)
     args = make_args(tmp_path, advantage_estimator="gae", critic_type="lora")
     with pytest.raises(ValueError, match="critic_type='full'"):
-        MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer, peft_config=_lora_config())
+        build_critic(policy, args, SimpleNamespace(state=state, mixed_precision="no"))
+    assert build_critic(policy, make_args(tmp_path), SimpleNamespace(state=state, mixed_precision="no")) is None  # grpo: no critic

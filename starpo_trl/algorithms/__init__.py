@@ -12,9 +12,21 @@ from starpo_trl.algorithms.advantages import (
     turn_end_mask,
     turn_spans,
 )
-from starpo_trl.algorithms.estimators import ESTIMATORS, critic_estimators, get_estimator, register_advantage_estimator
+from starpo_trl.algorithms.estimators import (
+    ESTIMATORS,
+    critic_estimators,
+    get_estimator,
+    register_advantage_estimator,
+)
 from starpo_trl.algorithms.filters import expand_groups, num_kept_groups, select_groups
-from starpo_trl.algorithms.stats import between_group_share, centred, constant_groups, group_std, nanstd, whiten
+from starpo_trl.algorithms.stats import (
+    between_group_share,
+    centred,
+    constant_groups,
+    group_std,
+    nanstd,
+    whiten,
+)
 
 __all__ = [
     "ESTIMATORS", "critic_estimators", "get_estimator", "register_advantage_estimator",

@@ -285,7 +285,10 @@ class Critic(nn.Module):
 
     def _fsdp_optimizer_state(self) -> dict:
         """FSDP: the whole AdamW state on every process, in an unsharded optimizer's layout (indices, not names)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         full = get_optimizer_state_dict(self, self.optimizer, options=StateDictOptions(full_state_dict=True))
         index = {name: i for i, name in enumerate(self._parameter_names())}
@@ -328,7 +331,11 @@ class Critic(nn.Module):
             raise ValueError(f"{directory} holds {len(tensors)} critic tensors, this critic has {len(params)}: was it saved with another critic_type?")
         optimizer_state = torch.load(os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True)
         if self.fsdp:  # whole tensors in, each process keeps its shard
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
 
             names = self._parameter_names()
             options = StateDictOptions(full_state_dict=True, strict=False)

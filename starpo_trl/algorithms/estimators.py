@@ -20,7 +20,13 @@ from typing import Callable
 
 import torch
 
-from starpo_trl.algorithms.advantages import bilevel_gae, grpo_advantages, masked_gae, place_rewards, rloo_advantages
+from starpo_trl.algorithms.advantages import (
+    bilevel_gae,
+    grpo_advantages,
+    masked_gae,
+    place_rewards,
+    rloo_advantages,
+)
 
 
 @dataclass(frozen=True)

@@ -87,3 +87,31 @@ def rollout_metrics(
         "rollout/env_seconds": timings["env"],
     })
     return out, thinks
+
+
+def critic_metrics(advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean and std of the critic's advantages, returns and values over the model tokens (``mask``)."""
+    m = mask.bool()
+    out = {}
+    for name, x in (("advantages", advantages), ("returns", returns), ("values", values)):
+        out[f"{name}/mean"] = x[m].mean().item() if m.any() else 0.0
+        out[f"{name}/std"] = x[m].std().item() if m.sum() > 1 else 0.0
+    out["advantages/max"] = advantages[m].max().item() if m.any() else 0.0
+    out["advantages/min"] = advantages[m].min().item() if m.any() else 0.0
+    return out
+
+
+def sample_rows(episodes: list[Episode], advantages: list[float], n: int) -> list[dict]:
+    """``n`` episodes spread evenly over ``episodes`` as rows of TRL's completions table: the first
+    user message, the rest of the conversation, reward, advantage, seed, success, turns."""
+    n = min(n, len(episodes))
+    picks = sorted({round(j * (len(episodes) - 1) / max(1, n - 1)) for j in range(n)}) if n else []
+    return [
+        {
+            "prompt": episodes[j].messages[0]["content"] if episodes[j].messages else "",
+            "completion": "\n".join(f"[{m['role']}] {m['content']}" for m in episodes[j].messages[1:]),
+            "reward": episodes[j].reward, "advantages": advantages[j],
+            "seed": episodes[j].start.seed, "success": episodes[j].success, "turns": episodes[j].num_turns,
+        }
+        for j in picks
+    ]

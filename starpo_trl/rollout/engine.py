@@ -25,7 +25,12 @@ from tqdm.auto import tqdm
 
 from starpo_trl.rollout.chat_format import ChatFormat
 from starpo_trl.rollout.env_runner import EnvCallError, EnvRunner
-from starpo_trl.rollout.prompting import SYSTEM_PROMPT, first_user_message, parse_reply, turn_message
+from starpo_trl.rollout.prompting import (
+    SYSTEM_PROMPT,
+    first_user_message,
+    parse_reply,
+    turn_message,
+)
 from starpo_trl.rollout.shaping import ThinkShaping, turn_shaping_reward
 
 
