@@ -10,4 +10,12 @@ from starpo_trl.rollout import (
 )
 from starpo_trl.trainer import MultiTurnStarPOTrainer
 
-__all__ = ["Episode", "HFBackend", "MultiTurnStarPOTrainer", "RolloutConfig", "RolloutEngine", "StarPOConfig", "StartState"]
+__all__ = [
+    "Episode",
+    "HFBackend",
+    "MultiTurnStarPOTrainer",
+    "RolloutConfig",
+    "RolloutEngine",
+    "StarPOConfig",
+    "StartState",
+]

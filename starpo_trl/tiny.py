@@ -93,7 +93,9 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden_size: int = 64, num_layers: int = 2
+) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -57,7 +57,9 @@ def env_reward(completions, episode_reward, **kwargs) -> list[float]:
 
 def start_state_dataset(args: StarPOConfig) -> Dataset:
     """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
-    return Dataset.from_dict({"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))})
+    return Dataset.from_dict(
+        {"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))}
+    )
 
 
 RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
@@ -96,11 +98,22 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     """
 
     def __init__(
-        self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None,
-        backend=None, reasoning_reward_fn=None, value_model=None, recipe: str | None = None,
+        self,
+        model,
+        args: StarPOConfig,
+        processing_class=None,
+        train_dataset=None,
+        callbacks=None,
+        peft_config=None,
+        backend=None,
+        reasoning_reward_fn=None,
+        value_model=None,
+        recipe: str | None = None,
     ):
         if not isinstance(args, StarPOConfig) or args.env_id is None:
-            raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
+            raise ValueError(
+                "MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'."
+            )
         # adapter-only vLLM sync: TRL's engine is built with LoRA support during construction
         engine = lora_engine(lora_rank(model, peft_config)) if args.vllm_lora_sync else nullcontext()
         with engine:
@@ -115,8 +128,12 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             )
         self.adapter_sync = None
         if args.vllm_lora_sync:
-            if self.is_fsdp_enabled or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
-                raise ValueError("vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False.")
+            if self.is_fsdp_enabled or (
+                self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            ):
+                raise ValueError(
+                    "vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False."
+                )
             self.adapter_sync = AdapterSync(self.vllm_generation, self.accelerator.unwrap_model(self.model))
         self.rollout_config = rollout_config(args)
         self._backend = backend
@@ -125,16 +142,28 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.recipe = recipe  # the recipe text, shown in the model card
         self.critic = build_critic(self.accelerator.unwrap_model(self.model), args, self.accelerator, value_model)
         # Built once: it checks the chat template (prefix preservation) before any training step.
-        self.engine = RolloutEngine(self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
+        self.engine = RolloutEngine(
+            self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
+        )
         self._vllm_backend = None
         self.skip_update, self.empty_steps_in_a_row = False, 0
         self.add_callback(_SkipEmptyUpdate(self))
         self.guard = None
         if args.collapse_guard != "off":
-            if args.collapse_guard in ("stop", "rollback") and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-                raise ValueError("collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2.")
+            if (
+                args.collapse_guard in ("stop", "rollback")
+                and self.is_deepspeed_enabled
+                and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            ):
+                raise ValueError(
+                    "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2."
+                )
             self.guard = CollapseGuard(
-                args.collapse_guard, rules_from_config(args), args.collapse_guard_snapshot_steps, save_model=self.save_model, critic=self.critic
+                args.collapse_guard,
+                rules_from_config(args),
+                args.collapse_guard_snapshot_steps,
+                save_model=self.save_model,
+                critic=self.critic,
             )
             self.add_callback(self.guard)
 
@@ -152,10 +181,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                     self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             if self._vllm_backend is None:
-                self._vllm_backend = VLLMBackend(self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id)
+                self._vllm_backend = VLLMBackend(
+                    self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id
+                )
             return self.engine.run(starts, temperature, self._vllm_backend, progress)
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
-            return self.engine.run(starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress)
+            return self.engine.run(
+                starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress
+            )
 
     def _starts(self, seeds, env_id, env_kwargs) -> list[StartState]:
         kwargs = tuple(sorted(env_kwargs.items()))
@@ -187,7 +220,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
         if mode == "train":  # the same on every process; rank summaries compare it
             stds = torch.nan_to_num(group_std(rewards, group), nan=-1.0)
-            self.kept_group_history.append({"kept": kept_groups.tolist(), "group_std": [round(x, 6) for x in stds.tolist()]})
+            self.kept_group_history.append(
+                {"kept": kept_groups.tolist(), "group_std": [round(x, 6) for x in stds.tolist()]}
+            )
         local_keep = keep[mine]
         kept = [episodes[i] for i in local_keep.tolist()]
         failed_kept = failed[local_keep]
@@ -208,13 +243,31 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             advantages = scored.advantages[mine].to(device)
         else:
             advantages = self._critic_advantages(
-                kept, rewards[keep], kept_rewards, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
+                kept,
+                rewards[keep],
+                kept_rewards,
+                mine,
+                batch,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                loss_mask,
+                mode,
             )
             if mode == "train" and not empty:
-                self._train_critic(input_ids, attention_mask, logits_to_keep, batch["old_values"], batch["returns"], batch["value_mask"])
+                self._train_critic(
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch["old_values"],
+                    batch["returns"],
+                    batch["value_mask"],
+                )
         batch["advantages"] = advantages
         self._old_and_ref_logps(batch, input_ids, attention_mask, logits_to_keep, loss_mask)
-        row_advantages = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
+        row_advantages = (
+            advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
+        )
         self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep, rollout.timings)
         return batch
 
@@ -232,8 +285,12 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             )
         if vllm_correction:  # vLLM's sampler and the trainer's forward differ: TRL's IS weight corrects it
             batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
-                batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask,
-                self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max,
+                batch["old_per_token_logps"],
+                batch["sampling_per_token_logps"],
+                loss_mask,
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
             )
         if self.beta != 0.0:
             if self.ref_model is not None:
@@ -247,14 +304,20 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                     ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
                 )
 
-    def _critic_advantages(self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
+    def _critic_advantages(
+        self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
+    ):
         """Per-token advantages (B, T) of this process's kept rows ``kept`` from the critic's values;
         stores ``old_values`` and ``returns``. ``raw``/``normalized`` are the whole kept batch's rewards
         (group statistics need all of it); ``mine`` slices out this process's rows."""
         args: StarPOConfig = self.args
-        values = self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
+        values = (
+            self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
+        )
         ends = [ep.turn_end_positions for ep in kept]
-        turn_rewards = critic_turn_rewards([ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args)
+        turn_rewards = critic_turn_rewards(
+            [ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args
+        )
         advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
         # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
         value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
@@ -285,8 +348,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         for _ in range(args.critic_epochs):
             for rows in torch.randperm(n, generator=generator).to(input_ids.device).chunk(chunks):
                 stats = self.critic.update(
-                    input_ids[rows], attention_mask[rows], logits_to_keep, old_values[rows], returns[rows], mask[rows],
-                    args.max_grad_norm, reduce=self._reduce_grads,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    logits_to_keep,
+                    old_values[rows],
+                    returns[rows],
+                    mask[rows],
+                    args.max_grad_norm,
+                    reduce=self._reduce_grads,
                 )
                 for key, value in stats.items():  # averaged by the logger
                     self._metrics["train"][f"critic/{key}"].append(value)
@@ -325,7 +394,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.critic.save(os.path.join(folder, "value_model"), write=self.args.should_save)
         if self.args.should_save:  # what the next step's metrics compare against (the last step's reasoning)
             with open(os.path.join(folder, RUN_STATE_FILE), "w") as f:
-                json.dump({"previous_thinks": getattr(self, "_previous_thinks", None), "empty_steps_in_a_row": self.empty_steps_in_a_row}, f)
+                json.dump(
+                    {
+                        "previous_thinks": getattr(self, "_previous_thinks", None),
+                        "empty_steps_in_a_row": self.empty_steps_in_a_row,
+                    },
+                    f,
+                )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
@@ -354,7 +429,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             with open(os.path.join(folder, ROLLOUT_SETTINGS_FILE), "w") as f:
                 json.dump(self.args.rollout_settings(), f, indent=2)
         if self.critic is not None and not _internal_call:  # every process calls save_model, as Trainer expects
-            self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save)
+            self.critic.save(
+                os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save
+            )
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
@@ -366,7 +443,12 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if base is not None and (os.path.isdir(base) or base == "tiny"):
             base = None  # only Hub ids are linked
         card = render_model_card(
-            self.args, base, self.evaluation_results, self.recipe, model_name or self.hub_model_id, adapter=hasattr(unwrapped, "peft_config")
+            self.args,
+            base,
+            self.evaluation_results,
+            self.recipe,
+            model_name or self.hub_model_id,
+            adapter=hasattr(unwrapped, "peft_config"),
         )
         os.makedirs(self.args.output_dir, exist_ok=True)
         card.save(os.path.join(self.args.output_dir, "README.md"))
@@ -377,18 +459,29 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         group = self.num_generations
         shaping = self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None
         metrics, thinks = rollout_metrics(
-            episodes, rewards, group, num_kept_groups, env_name(self.args.env_id), timings, self.args.enable_think,
-            getattr(self, "_previous_thinks", None), shaping,
+            episodes,
+            rewards,
+            group,
+            num_kept_groups,
+            env_name(self.args.env_id),
+            timings,
+            self.args.enable_think,
+            getattr(self, "_previous_thinks", None),
+            shaping,
         )
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
         if self.args.enable_think:
             self._previous_thinks = thinks
         if mode == "train":
-            tokens = torch.tensor(float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device)
+            tokens = torch.tensor(
+                float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device
+            )
             self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
         # sample episodes for TRL's completions table (log_completions=True): whole conversations
-        all_advantages = advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
+        all_advantages = (
+            advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
+        )
         for row in sample_rows([episodes[i] for i in keep.tolist()], all_advantages, self.args.num_sample_episodes):
             for key in ("prompt", "completion", "advantages"):
                 self._logs[key].append(row[key])
@@ -407,7 +500,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.model.eval()
         # each process plays every num_processes-th seed; the metrics are over all of them
         mine = list(seeds)[self.accelerator.process_index :: self.accelerator.num_processes]
-        episodes = self._gather_episodes(self.play(self._starts(mine, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature))
+        episodes = self._gather_episodes(
+            self.play(self._starts(mine, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature)
+        )
         if was_training:
             self.model.train()
         self.last_eval_episodes = episodes
@@ -421,4 +516,3 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         Trainer.log(self, metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
-

@@ -10,11 +10,24 @@ OVERRIDDEN_METHODS = ("_generate_and_score_completions", "_save_checkpoint", "_l
 CALLED_METHODS = ("_get_per_token_logps_and_entropies", "_get_output_dir")
 # attributes GRPOTrainer sets in __init__ and the trainer reads (private first, then TRL's own settings)
 ATTRIBUTES = (
-    "_metrics", "_logs", "_tokenizer",
-    "use_vllm", "scale_rewards", "num_generations", "eos_token_ids", "temperature", "beta", "ref_model", "num_iterations",
+    "_metrics",
+    "_logs",
+    "_tokenizer",
+    "use_vllm",
+    "scale_rewards",
+    "num_generations",
+    "eos_token_ids",
+    "temperature",
+    "beta",
+    "ref_model",
+    "num_iterations",
 )
 # set only with use_vllm=True
 VLLM_ATTRIBUTES = (
-    "_last_loaded_step", "vllm_generation", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
+    "_last_loaded_step",
+    "vllm_generation",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
 )

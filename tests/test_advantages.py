@@ -42,7 +42,13 @@ def test_grpo_advantages_by_hand():
 
 # -- turn-aware credit ------------------------------------------------------------------------------
 from starpo_trl.algorithms import (  # noqa: E402
-    bilevel_gae, masked_gae, normalize_rewards, place_rewards, reward_normalization_terms, rloo_advantages, whiten,
+    bilevel_gae,
+    masked_gae,
+    normalize_rewards,
+    place_rewards,
+    reward_normalization_terms,
+    rloo_advantages,
+    whiten,
 )
 
 
@@ -95,7 +101,9 @@ def test_bilevel_gae_one_turn_and_all_masked_padding_rows():
     adv, ret = bilevel_gae([[1.0], []], [[1], []], values, mask, 1.0, 1.0, 0.95)
     assert torch.allclose(adv, torch.tensor([[0.5, 0.75, 0.0], [0.0, 0.0, 0.0]]))
     assert torch.equal(ret[1], torch.zeros(3))
-    gae_adv, gae_ret = masked_gae(place_rewards((2, 3), [[1.0], []], [[1], []], per_turn=False), values, mask, 1.0, 1.0)
+    gae_adv, gae_ret = masked_gae(
+        place_rewards((2, 3), [[1.0], []], [[1], []], per_turn=False), values, mask, 1.0, 1.0
+    )
     assert torch.allclose(gae_adv, adv) and torch.equal(gae_ret[1], torch.zeros(3))
 
 
@@ -191,8 +199,16 @@ def test_score_rollout_by_hand():
 
     from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
 
-    args = SimpleNamespace(env_error_policy="exclude", env_failure_reward=-1.0, rollout_filter_ratio=0.3, rollout_filter_metric="std",
-                           reward_normalization="identity", reward_norm_scope="group", advantage_estimator="grpo", use_turn_rewards=False)
+    args = SimpleNamespace(
+        env_error_policy="exclude",
+        env_failure_reward=-1.0,
+        rollout_filter_ratio=0.3,
+        rollout_filter_metric="std",
+        reward_normalization="identity",
+        reward_norm_scope="group",
+        advantage_estimator="grpo",
+        use_turn_rewards=False,
+    )
     failed = torch.tensor([False, False, False, False, True, False])
     scored = score_rollout([1.0, 0.0, 0.5, 0.5, 0.3, 1.0], failed, 2, args)
     assert torch.isnan(scored.rewards[4]) and scored.kept_groups.tolist() == [0] and scored.keep.tolist() == [0, 1]
@@ -205,6 +221,10 @@ def test_score_rollout_by_hand():
     args.advantage_estimator, args.env_error_policy = "gae", "exclude"
     scored = score_rollout([1.0, 0.0, 0.5, 0.5, 0.3, 1.0], failed, 2, args)
     assert scored.advantages is None
-    assert critic_turn_rewards([[0.2, 0.8], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args) == [[0.0, 1.0], [0.0]]
+    assert critic_turn_rewards(
+        [[0.2, 0.8], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args
+    ) == [[0.0, 1.0], [0.0]]
     args.use_turn_rewards = True  # identity normalisation: each turn's own reward
-    assert critic_turn_rewards([[0.25, 0.75], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args) == [[0.25, 0.75], [0.0]]
+    assert critic_turn_rewards(
+        [[0.25, 0.75], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args
+    ) == [[0.25, 0.75], [0.0]]

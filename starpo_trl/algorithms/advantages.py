@@ -42,7 +42,9 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.where(valid & (count > 0), grouped - others, torch.zeros_like(grouped)).reshape(-1)
 
 
-def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
+def reward_normalization_terms(
+    rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(shift, scale)`` per trajectory such that the normalised reward is ``(r - shift) / scale``.
 
     ``identity``: (0, 1); ``mean``: (mean, 1); ``mean_std`` and ``asym_clip``: (mean, std + 1e-6),
@@ -64,7 +66,9 @@ def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: s
     return shift.reshape(-1), scale.reshape(-1)
 
 
-def normalize_rewards(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group", clip: float = 1.0) -> torch.Tensor:
+def normalize_rewards(
+    rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group", clip: float = 1.0
+) -> torch.Tensor:
     """Reward normalisation, applied AFTER the variance filter ranked the raw rewards. (N,) -> (N,).
 
     ``identity``; ``mean`` (subtract the mean); ``mean_std`` (subtract the mean, divide by std + 1e-6);
@@ -94,7 +98,9 @@ def place_rewards(shape, turn_rewards: list[list[float]], turn_ends: list[list[i
     return rewards
 
 
-def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over model tokens only. rewards, values, mask: (B, T) -> (advantages, returns), each (B, T).
 
     Positions with ``mask == 0`` (environment tokens, padding) are skipped: the "next value" of a

@@ -78,7 +78,14 @@ def _gae(turn_rewards, turn_ends, values, mask, settings):
 
 def _bilevel(turn_rewards, turn_ends, values, mask, settings, turn_level_only: bool):
     advantages, returns = bilevel_gae(
-        turn_rewards, turn_ends, values.cpu(), mask.cpu(), settings.gamma, settings.lam, settings.turn_gamma, settings.turn_lambda,
+        turn_rewards,
+        turn_ends,
+        values.cpu(),
+        mask.cpu(),
+        settings.gamma,
+        settings.lam,
+        settings.turn_gamma,
+        settings.turn_lambda,
         turn_level_only=turn_level_only,
     )
     return advantages.to(values.device), returns.to(values.device)

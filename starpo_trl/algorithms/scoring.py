@@ -24,7 +24,9 @@ class Scored:
     advantages: torch.Tensor | None  # (K * G,) from a group estimator; None when a critic gives them per token
 
 
-def score_rollout(episode_rewards: list[float], failed: torch.Tensor, group_size: int, args, scale_rewards: str = "group") -> Scored:
+def score_rollout(
+    episode_rewards: list[float], failed: torch.Tensor, group_size: int, args, scale_rewards: str = "group"
+) -> Scored:
     """Failed episodes are left out (NaN: out of their group's statistics, advantage 0) or given
     ``env_failure_reward`` (``env_error_policy``); the variance filter ranks the groups on the RAW
     rewards of the whole batch; the kept rewards are normalised; a group estimator then gives each
@@ -39,7 +41,9 @@ def score_rollout(episode_rewards: list[float], failed: torch.Tensor, group_size
     return Scored(rewards, kept_groups, keep, kept_rewards, advantages)
 
 
-def critic_turn_rewards(turn_rewards: list[list[float]], raw: torch.Tensor, normalized: torch.Tensor, rows: slice, group_size: int, args) -> list[list[float]]:
+def critic_turn_rewards(
+    turn_rewards: list[list[float]], raw: torch.Tensor, normalized: torch.Tensor, rows: slice, group_size: int, args
+) -> list[list[float]]:
     """What a critic estimator trains on, per turn, for the kept episodes ``rows`` of the kept batch.
 
     With ``use_turn_rewards`` each turn's own reward divided by the normalisation scale, the shift
@@ -53,4 +57,6 @@ def critic_turn_rewards(turn_rewards: list[list[float]], raw: torch.Tensor, norm
             [x / c for x in turns[:-1]] + [(turns[-1] - m) / c] if turns else []
             for turns, m, c in zip(turn_rewards, shift[rows].tolist(), scale[rows].tolist())
         ]
-    return [[0.0] * (len(turns) - 1) + [n] if turns else [] for turns, n in zip(turn_rewards, normalized[rows].tolist())]
+    return [
+        [0.0] * (len(turns) - 1) + [n] if turns else [] for turns, n in zip(turn_rewards, normalized[rows].tolist())
+    ]

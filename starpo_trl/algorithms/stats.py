@@ -66,7 +66,9 @@ def centred(view: torch.Tensor) -> torch.Tensor:
     return torch.where(constant_groups(view), torch.zeros_like(view), view - mean)
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, total: tuple[float, float, float] | None = None, eps: float = 1e-8) -> torch.Tensor:
+def whiten(
+    values: torch.Tensor, mask: torch.Tensor, total: tuple[float, float, float] | None = None, eps: float = 1e-8
+) -> torch.Tensor:
     """Masked whitening, as the peers apply to GAE advantages: ``(x - mean) / sqrt(var + eps)`` over the
     positions where ``mask`` is 1 (model tokens); 0 elsewhere. The variance is unbiased (``n - 1``).
 

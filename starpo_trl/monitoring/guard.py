@@ -78,7 +78,11 @@ class CollapseMonitor:
     def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
         r, s = self.rules, self.series[name]
         if name == "grad_norm":  # a spike against the running mean of the values before it
-            return previous_ema is not None and len(s.early) >= r.warmup_steps and value > r.grad_norm_spike * previous_ema
+            return (
+                previous_ema is not None
+                and len(s.early) >= r.warmup_steps
+                and value > r.grad_norm_spike * previous_ema
+            )
         early = self.early_level(name)
         if name == "diversity":
             return early is not None and s.ema < max(r.diversity_floor, r.diversity_fraction * early)
@@ -210,8 +214,14 @@ class CollapseGuard(TrainerCallback):
             self._write_events(args)
             rolled = " rolled back to step %s and" % self.snapshot_step if self.action == "rollback" else ""
             stopped = " stopped" if control.should_training_stop else " training goes on"
-            print(f"[CollapseGuard] step {state.global_step}: {', '.join(fired)} fell/spiked past the threshold;{rolled}{stopped}.")
-        elif self.action in ("stop", "rollback") and self.monitor.healthy() and state.global_step % self.snapshot_steps == 0:
+            print(
+                f"[CollapseGuard] step {state.global_step}: {', '.join(fired)} fell/spiked past the threshold;{rolled}{stopped}."
+            )
+        elif (
+            self.action in ("stop", "rollback")
+            and self.monitor.healthy()
+            and state.global_step % self.snapshot_steps == 0
+        ):
             self.take_snapshot(model, state.global_step)
         return control
 

@@ -34,7 +34,8 @@ def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> d
         "actions": float(np.mean([ep.num_actions for ep in episodes])),
         "valid_action_rate": sum(ep.num_valid_actions for ep in episodes) / actions if actions else 0.0,
         "effective_action_rate": sum(ep.num_effective_actions for ep in episodes) / actions if actions else 0.0,
-        "format_error_rate": sum(ep.num_format_errors for ep in episodes) / max(1, sum(ep.num_turns for ep in episodes)),
+        "format_error_rate": sum(ep.num_format_errors for ep in episodes)
+        / max(1, sum(ep.num_turns for ep in episodes)),
         "truncated": float(np.mean([ep.truncated for ep in episodes])),
         "env_errors": float(sum(ep.env_error is not None for ep in episodes)),
     }
@@ -54,8 +55,15 @@ def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> d
 
 
 def rollout_metrics(
-    episodes: list[Episode], rewards: torch.Tensor, group_size: int, num_kept_groups: int, env: str,
-    timings: dict[str, float], think: bool = True, previous_thinks: list[str] | None = None, shaping: bool = False,
+    episodes: list[Episode],
+    rewards: torch.Tensor,
+    group_size: int,
+    num_kept_groups: int,
+    env: str,
+    timings: dict[str, float],
+    think: bool = True,
+    previous_thinks: list[str] | None = None,
+    shaping: bool = False,
 ) -> tuple[dict[str, float], list[str]]:
     """Every metric of one training rollout by its logged key, and the rollout's reasoning texts
     (the next rollout's ``previous_thinks``, for the echo-trap similarity).
@@ -72,24 +80,30 @@ def rollout_metrics(
         thinks = [t for t in texts if t]
         if shaping:
             out["reasoning/shaping_reward"] = sum(ep.shaping_reward for ep in episodes) / len(episodes)
-    share = between_group_share(rewards, group_size)  # how much of the return variance a critic could explain from the start state
+    share = between_group_share(
+        rewards, group_size
+    )  # how much of the return variance a critic could explain from the start state
     if not math.isnan(share):
         out[f"env/{env}/reward_between_group_share"] = share
     model_tokens = [sum(ep.env_mask) for ep in episodes]
-    out.update({
-        "env/errors": float(sum(ep.env_error is not None for ep in episodes)),
-        "reward": torch.nanmean(rewards).item(),
-        "reward_std": nanstd(rewards, dim=0).item(),
-        "frac_reward_zero_std": stats.get("frac_zero_std_groups", 0.0),
-        "rollout/kept_fraction": num_kept_groups * group_size / len(episodes),
-        "completions/mean_length": sum(model_tokens) / len(model_tokens),
-        "rollout/generate_seconds": timings["generate"],
-        "rollout/env_seconds": timings["env"],
-    })
+    out.update(
+        {
+            "env/errors": float(sum(ep.env_error is not None for ep in episodes)),
+            "reward": torch.nanmean(rewards).item(),
+            "reward_std": nanstd(rewards, dim=0).item(),
+            "frac_reward_zero_std": stats.get("frac_zero_std_groups", 0.0),
+            "rollout/kept_fraction": num_kept_groups * group_size / len(episodes),
+            "completions/mean_length": sum(model_tokens) / len(model_tokens),
+            "rollout/generate_seconds": timings["generate"],
+            "rollout/env_seconds": timings["env"],
+        }
+    )
     return out, thinks
 
 
-def critic_metrics(advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def critic_metrics(
+    advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """Mean and std of the critic's advantages, returns and values over the model tokens (``mask``)."""
     m = mask.bool()
     out = {}
@@ -110,8 +124,11 @@ def sample_rows(episodes: list[Episode], advantages: list[float], n: int) -> lis
         {
             "prompt": episodes[j].messages[0]["content"] if episodes[j].messages else "",
             "completion": "\n".join(f"[{m['role']}] {m['content']}" for m in episodes[j].messages[1:]),
-            "reward": episodes[j].reward, "advantages": advantages[j],
-            "seed": episodes[j].start.seed, "success": episodes[j].success, "turns": episodes[j].num_turns,
+            "reward": episodes[j].reward,
+            "advantages": advantages[j],
+            "seed": episodes[j].start.seed,
+            "success": episodes[j].success,
+            "turns": episodes[j].num_turns,
         }
         for j in picks
     ]

@@ -53,11 +53,17 @@ def env_name_from_history(log_history: list[dict]) -> str | None:
     return None
 
 
-def plot_dashboard(log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = "") -> str:
+def plot_dashboard(
+    log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = ""
+) -> str:
     """One PNG: success, in-group reward std, entropy, grad norm and diversity, guard events as red lines."""
     env_name = env_name or env_name_from_history(log_history) or "env"
     if events is None:
-        events = [{"step": row["step"], "rules": str(row.get("guard/rules", "")).split(",")} for row in log_history if row.get("guard/warning")]
+        events = [
+            {"step": row["step"], "rules": str(row.get("guard/rules", "")).split(",")}
+            for row in log_history
+            if row.get("guard/warning")
+        ]
     fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(3.6 * len(DASHBOARD_PANELS), 3.2))
     for ax, (_, panel_keys, label) in zip(axes, DASHBOARD_PANELS):
         for key in panel_keys:
@@ -73,7 +79,13 @@ def plot_dashboard(log_history: list[dict], path: str, env_name: str | None = No
         ax.grid(alpha=0.3)
     if events:
         first = events[0]
-        axes[0].annotate(f"guard: {', '.join(first['rules'])}", xy=(first["step"], 0.95), xycoords=("data", "axes fraction"), color="red", fontsize=7)
+        axes[0].annotate(
+            f"guard: {', '.join(first['rules'])}",
+            xy=(first["step"], 0.95),
+            xycoords=("data", "axes fraction"),
+            color="red",
+            fontsize=7,
+        )
     fig.suptitle(title or env_name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -12,4 +12,14 @@ from starpo_trl.rollout.engine import (
 )
 from starpo_trl.rollout.hf_backend import HFBackend, sampling_config
 
-__all__ = ["ChatFormat", "Episode", "GenerationBackend", "HFBackend", "Rollout", "RolloutConfig", "RolloutEngine", "StartState", "sampling_config"]
+__all__ = [
+    "ChatFormat",
+    "Episode",
+    "GenerationBackend",
+    "HFBackend",
+    "Rollout",
+    "RolloutConfig",
+    "RolloutEngine",
+    "StartState",
+    "sampling_config",
+]

@@ -75,7 +75,9 @@ class Episode:
 
 
 class GenerationBackend(Protocol):
-    def generate(self, sequences: list[list[int]], max_new_tokens: int, temperature: float) -> list[tuple[list[int], list[float]]]:
+    def generate(
+        self, sequences: list[list[int]], max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
         """Continue each token sequence; return ``(new token ids, their sampling logprobs)`` per sequence.
 
         Generation of a sequence stops after an end-of-turn token, which is included.
@@ -136,8 +138,13 @@ class RolloutEngine:
     """
 
     def __init__(
-        self, tokenizer, backend: GenerationBackend | None, config: RolloutConfig, eos_token_ids: list[int],
-        system_prompt: str | None = SYSTEM_PROMPT, reasoning_reward_fn=None,
+        self,
+        tokenizer,
+        backend: GenerationBackend | None,
+        config: RolloutConfig,
+        eos_token_ids: list[int],
+        system_prompt: str | None = SYSTEM_PROMPT,
+        reasoning_reward_fn=None,
     ):
         self.tokenizer = tokenizer
         self.reasoning_reward_fn = reasoning_reward_fn
@@ -166,8 +173,13 @@ class RolloutEngine:
         except Exception:  # a failing close loses nothing: the episode is already recorded
             pass
 
-    def run(self, starts: list[StartState], temperature: float | None = None, backend: GenerationBackend | None = None,
-            progress: bool = False) -> Rollout:
+    def run(
+        self,
+        starts: list[StartState],
+        temperature: float | None = None,
+        backend: GenerationBackend | None = None,
+        progress: bool = False,
+    ) -> Rollout:
         """Play one episode per start state; ``progress`` shows a bar of finished episodes."""
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
@@ -210,7 +222,9 @@ class RolloutEngine:
             # each episode is limited by its own room only; the batch is generated to the largest
             # limit and every reply cut to its episode's, so an episode's tokens do not depend on
             # who shares its batch
-            limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(episodes[i].completion_ids)) for i in active]
+            limits = [
+                min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(episodes[i].completion_ids)) for i in active
+            ]
             t0 = time.perf_counter()
             outputs = backend.generate(
                 [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
@@ -230,17 +244,31 @@ class RolloutEngine:
                 ep.messages.append({"role": "assistant", "content": text})
                 texts.append(text)
             t0 = time.perf_counter()
-            rewards = self.runner.map(lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts)))
+            rewards = self.runner.map(
+                lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts))
+            )
             timings["env"] += time.perf_counter() - t0
             for i, reward in zip(active, rewards):
                 ep, state = episodes[i], live[i]
                 ep.turn_rewards.append(reward)
-                ended_by_eos = ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids if ep.completion_ids else False
+                ended_by_eos = (
+                    ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids
+                    if ep.completion_ids
+                    else False
+                )
                 if ep.done or turn == cfg.max_turns or state.actions_left <= 0:
                     ep.done = True
                     continue
-                content = turn_message(turn + 1, state.obs, state.actions_left if self._named(state.env) else None, reward, cfg.enable_think)
-                obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids({"role": "user", "content": content})
+                content = turn_message(
+                    turn + 1,
+                    state.obs,
+                    state.actions_left if self._named(state.env) else None,
+                    reward,
+                    cfg.enable_think,
+                )
+                obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids(
+                    {"role": "user", "content": content}
+                )
                 if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
                     ep.truncated = True  # cut at a turn boundary: the next turn would not fit
                     continue
@@ -302,7 +330,12 @@ class RolloutEngine:
             reward += cfg.format_penalty
         if cfg.enable_think and (cfg.think_shaping.enabled or self.reasoning_reward_fn is not None):
             shaping = turn_shaping_reward(
-                parsed.think, parsed.answer, state.last_think, ep.num_turns + 1, cfg.think_shaping, self.reasoning_reward_fn
+                parsed.think,
+                parsed.answer,
+                state.last_think,
+                ep.num_turns + 1,
+                cfg.think_shaping,
+                self.reasoning_reward_fn,
             )
             ep.shaping_reward += shaping
             reward += shaping

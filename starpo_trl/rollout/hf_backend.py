@@ -18,10 +18,22 @@ def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list
 
     greedy = temperature <= 0
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=1.0 if greedy else temperature,
-        top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False,
-        eos_token_id=list(eos_token_ids), pad_token_id=pad_token_id, return_dict_in_generate=True,
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=1.0 if greedy else temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        renormalize_logits=False,
+        eos_token_id=list(eos_token_ids),
+        pad_token_id=pad_token_id,
+        return_dict_in_generate=True,
     )
 
 
@@ -148,8 +160,12 @@ class HFBackend:
         position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
         was_training = self.model.training
         self.model.eval()
-        out = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                         position_ids=position_ids.to(device), use_cache=True)
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            use_cache=True,
+        )
         if was_training:
             self.model.train()
         self.prefill_tokens += sum(len(seq) - 1 for seq in shared)
@@ -170,7 +186,13 @@ class HFBackend:
             if not ids:
                 continue
             spans = [(lc - c, lc), (lc + ls - len(suffix), lc + ls), (lc + ls, lc + ls + len(ids) - 1)]
-            rows = [(torch.cat([k[i, :, a:b] for a, b in spans], dim=1), torch.cat([v[i, :, a:b] for a, b in spans], dim=1)) for k, v in layers]
+            rows = [
+                (
+                    torch.cat([k[i, :, a:b] for a, b in spans], dim=1),
+                    torch.cat([v[i, :, a:b] for a, b in spans], dim=1),
+                )
+                for k, v in layers
+            ]
             kept.append((list(seq) + ids[:-1], rows))
         self._kept = kept
 
