@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test bench bench-learning bench-collapse bench-whitening bench-real clean
+.PHONY: install model train test lint format bench bench-learning bench-collapse bench-whitening bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,8 +29,17 @@ train: $(STAMP)
 	$(PY) train.py --config recipes/demo-cpu-frozenlake.yaml --disable_tqdm true
 	@cat runs/demo/report.json
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 tests
+
+# ruff (lint + format check, line length 119 as TRL); `make format` rewrites
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 bench: $(STAMP)
 	$(PY) benchmarks/env_speed.py

@@ -24,16 +24,31 @@ from types import SimpleNamespace
 import torch
 
 from starpo_trl.config import ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig
-from starpo_trl.evaluation import episode_metrics
 from starpo_trl.models import eos_token_ids
+from starpo_trl.monitoring.metrics import episode_metrics
 from starpo_trl.rollout import HFBackend, RolloutEngine, StartState
 
 # evaluate.py flag -> StarPOConfig field (the flags keep their short names)
-RENAMED = {"env_id": "eval_env_id", "env_kwargs": "eval_env_kwargs", "seed_offset": "eval_seed_offset",
-           "num_episodes": "num_eval_episodes", "temperature": "eval_temperature"}
+RENAMED = {
+    "env_id": "eval_env_id",
+    "env_kwargs": "eval_env_kwargs",
+    "seed_offset": "eval_seed_offset",
+    "num_episodes": "num_eval_episodes",
+    "temperature": "eval_temperature",
+}
 
 
-def evaluate(model, tokenizer, env_id: str, env_kwargs: dict, num_episodes: int, seed_offset: int, temperature: float, config, batch_size: int = 256) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    env_id: str,
+    env_kwargs: dict,
+    num_episodes: int,
+    seed_offset: int,
+    temperature: float,
+    config,
+    batch_size: int = 256,
+) -> dict:
     eos_ids = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = RolloutEngine(tokenizer, HFBackend(model, pad, eos_ids), config, eos_ids)
@@ -79,14 +94,27 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name_or_path", required=True)
     p.add_argument("--env_id", help="default: the model's eval_env_id")
-    p.add_argument("--env_kwargs", help="JSON object of kwargs for gymnasium.make (default: the model's eval_env_kwargs)")
+    p.add_argument(
+        "--env_kwargs", help="JSON object of kwargs for gymnasium.make (default: the model's eval_env_kwargs)"
+    )
     p.add_argument("--num_episodes", type=int)
     p.add_argument("--seed_offset", type=int)
     p.add_argument("--temperature", type=float)
-    for name, kind in (("max_turns", int), ("max_actions_per_turn", int), ("max_actions_per_episode", int), ("max_tokens_per_turn", int),
-                       ("max_episode_tokens", int), ("enable_think", _bool), ("format_penalty", float), ("env_step_timeout", float),
-                       ("env_runner", str), ("think_bonus", float), ("think_min_words", int), ("think_max_words", int),
-                       ("think_copy_penalty", float)):
+    for name, kind in (
+        ("max_turns", int),
+        ("max_actions_per_turn", int),
+        ("max_actions_per_episode", int),
+        ("max_tokens_per_turn", int),
+        ("max_episode_tokens", int),
+        ("enable_think", _bool),
+        ("format_penalty", float),
+        ("env_step_timeout", float),
+        ("env_runner", str),
+        ("think_bonus", float),
+        ("think_min_words", int),
+        ("think_max_words", int),
+        ("think_copy_penalty", float),
+    ):
         p.add_argument(f"--{name}", type=kind)
     p.add_argument("--batch_size", type=int, default=256, help="episodes per engine call")
     p.add_argument("--output", help="write the metrics and settings here as JSON")
@@ -107,27 +135,41 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
         try:
             settings["eval_env_kwargs"] = json.loads(settings["eval_env_kwargs"])
         except json.JSONDecodeError as err:
-            raise ValueError(f"--env_kwargs must be a JSON object, got {settings['eval_env_kwargs']!r}: {err}") from None
+            raise ValueError(
+                f"--env_kwargs must be a JSON object, got {settings['eval_env_kwargs']!r}: {err}"
+            ) from None
     if not isinstance(settings["eval_env_kwargs"], dict):
-        raise ValueError(f"--env_kwargs must be a JSON object of keyword arguments, got {settings['eval_env_kwargs']!r}")
+        raise ValueError(
+            f"--env_kwargs must be a JSON object of keyword arguments, got {settings['eval_env_kwargs']!r}"
+        )
     if not settings["eval_env_id"]:
         raise ValueError("--env_id is needed: the model has no saved starpo_rollout.json to take it from.")
     if settings["num_eval_episodes"] < 1:
         raise ValueError(f"--num_episodes must be at least 1, got {settings['num_eval_episodes']}")
     if settings["eval_temperature"] < 0:
         raise ValueError(f"--temperature must be >= 0 (0: greedy), got {settings['eval_temperature']}")
-    for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_tokens_per_turn", "max_episode_tokens"):
+    for name in (
+        "max_turns",
+        "max_actions_per_turn",
+        "max_actions_per_episode",
+        "max_tokens_per_turn",
+        "max_episode_tokens",
+    ):
         if settings[name] < 1:
             raise ValueError(f"--{name} must be at least 1, got {settings[name]}")
     if a.batch_size < 1:
         raise ValueError(f"--batch_size must be at least 1, got {a.batch_size}")
-    from starpo_trl.envs_registry import check_env_contract, check_env_id
+    from envs.contract import check_env_contract, check_env_id
 
     check_env_id(settings["eval_env_id"], "--env_id")
     check_env_contract(settings["eval_env_id"], settings["eval_env_kwargs"], "--env_id")
     if a.output:
         folder = os.path.dirname(os.path.abspath(a.output))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (os.path.exists(a.output) and not os.access(a.output, os.W_OK)):
+        if (
+            not os.path.isdir(folder)
+            or not os.access(folder, os.W_OK)
+            or (os.path.exists(a.output) and not os.access(a.output, os.W_OK))
+        ):
             raise ValueError(f"--output {a.output!r} cannot be written (its folder must exist and be writable).")
     return SimpleNamespace(**settings, temperature=settings["eval_temperature"])
 
@@ -141,24 +183,45 @@ def main(argv=None) -> int:
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from starpo_trl.trainer import rollout_config
+    from starpo_trl.config import rollout_config
 
     tokenizer = AutoTokenizer.from_pretrained(a.model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(a.model_name_or_path, dtype="auto")
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    metrics = evaluate(model, tokenizer, s.eval_env_id, s.eval_env_kwargs, s.num_eval_episodes, s.eval_seed_offset, s.eval_temperature,
-                       rollout_config(s), a.batch_size)
-    result = {"model": a.model_name_or_path, **metrics, "env_kwargs": s.eval_env_kwargs, "seed_offset": s.eval_seed_offset,
-              "settings": {name: getattr(s, name) for name in ROLLOUT_SETTINGS}}
+    metrics = evaluate(
+        model,
+        tokenizer,
+        s.eval_env_id,
+        s.eval_env_kwargs,
+        s.num_eval_episodes,
+        s.eval_seed_offset,
+        s.eval_temperature,
+        rollout_config(s),
+        a.batch_size,
+    )
+    result = {
+        "model": a.model_name_or_path,
+        **metrics,
+        "env_kwargs": s.eval_env_kwargs,
+        "seed_offset": s.eval_seed_offset,
+        "settings": {name: getattr(s, name) for name in ROLLOUT_SETTINGS},
+    }
     width = max(len(k) for k in metrics)
-    print("\n".join(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in metrics.items()))
+    print(
+        "\n".join(
+            f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in metrics.items()
+        )
+    )
     if a.output:
         with open(a.output, "w") as f:
             json.dump(result, f, indent=2)
     errors = int(metrics.get("env_errors", 0))
     if errors:
-        print(f"evaluate.py: the env failed in {errors} of {s.num_eval_episodes} episodes (see env_errors)", file=sys.stderr)
+        print(
+            f"evaluate.py: the env failed in {errors} of {s.num_eval_episodes} episodes (see env_errors)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

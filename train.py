@@ -15,36 +15,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 
 from trl import ModelConfig, TrlParser, get_peft_config
 
+from envs.contract import env_name
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.config import CRITIC_ESTIMATORS
-from starpo_trl.envs_registry import env_name
+from starpo_trl.algorithms import critic_estimators, get_estimator
+from starpo_trl.config import RunArguments, rollout_config
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
-from starpo_trl.plotting import plot_curves, plot_dashboard
-from starpo_trl.trainer import rollout_config
-
-
-@dataclass
-class RunArguments:
-    warm_start_episodes: int = field(default=0, metadata={"help": "Noisy-expert episodes for warm-start SFT (0: no warm start)."})
-    warm_start_noise: float = field(default=0.3, metadata={"help": "Probability that the expert's action is replaced by a random one."})
-    warm_start_actions_per_turn: int = field(default=1, metadata={"help": "Actions the expert writes per turn."})
-    warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
-    warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
-    warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
-    eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
-    report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
-    critic_init: str = field(
-        default="policy",
-        metadata={"help": "Weights of a full critic: 'policy' (as RL starts, after any warm start), 'pre_warm_start' (the model as loaded), or a model id/dir."},
-    )
-    rank_summary: bool = field(
-        default=False,
-        metadata={"help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."},
-    )
+from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
 
 
 def append_report(path: str, result: dict, wall_seconds: float) -> None:
@@ -77,7 +56,9 @@ def check_model_source(value: str, name: str) -> None:
     """A local model directory, or a Hub id whose config resolves now (not after a warm start)."""
     if os.path.isdir(value):
         if not os.path.isfile(os.path.join(value, "config.json")):
-            raise ValueError(f"{name}={value!r} is a directory without config.json: give a saved model directory (save_pretrained).")
+            raise ValueError(
+                f"{name}={value!r} is a directory without config.json: give a saved model directory (save_pretrained)."
+            )
         return
     first = value.split("/")[0]
     looks_like_path = value.startswith((".", "/", "~")) or value.count("/") > 1 or (first and os.path.isdir(first))
@@ -88,17 +69,21 @@ def check_model_source(value: str, name: str) -> None:
     try:
         AutoConfig.from_pretrained(value)
     except Exception as err:  # network, unknown repo, gated: all mean it cannot be used
-        raise ValueError(f"{name}={value!r} is neither a local model directory nor a loadable Hub model id: {err}") from None
+        raise ValueError(
+            f"{name}={value!r} is neither a local model directory nor a loadable Hub model id: {err}"
+        ) from None
 
 
 def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
     """Everything that can be checked before a model loads or a warm start runs."""
     if args.env_id is None:
         raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
-    if run_args.critic_init != "policy" and (args.advantage_estimator not in CRITIC_ESTIMATORS or args.critic_type != "full"):
+    if run_args.critic_init != "policy" and (
+        not get_estimator(args.advantage_estimator).critic or args.critic_type != "full"
+    ):
         raise ValueError(
             f"critic_init={run_args.critic_init!r} sets the weights of a full critic: use it with critic_type=full and "
-            f"advantage_estimator in {sorted(CRITIC_ESTIMATORS)}, or leave critic_init=policy."
+            f"advantage_estimator in {critic_estimators()}, or leave critic_init=policy."
         )
     if run_args.critic_init not in ("policy", "pre_warm_start"):
         check_model_source(run_args.critic_init, "critic_init")
@@ -108,10 +93,14 @@ def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
 
         last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
         if last is None:
-            raise ValueError(f"resume_from_checkpoint=true, but {args.output_dir!r} holds no checkpoint-N folder to resume from.")
+            raise ValueError(
+                f"resume_from_checkpoint=true, but {args.output_dir!r} holds no checkpoint-N folder to resume from."
+            )
         args.resume_from_checkpoint = last
     elif resume and not os.path.isfile(os.path.join(str(resume), "trainer_state.json")):
-        raise ValueError(f"resume_from_checkpoint={resume!r} is not a checkpoint folder (no trainer_state.json there).")
+        raise ValueError(
+            f"resume_from_checkpoint={resume!r} is not a checkpoint folder (no trainer_state.json there)."
+        )
     if run_args.report_path:
         if os.path.abspath(run_args.report_path) == os.path.abspath(os.path.join(args.output_dir, "report.json")):
             raise ValueError(
@@ -140,13 +129,17 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     if run_args.critic_init.startswith("~"):
         run_args.critic_init = os.path.expanduser(run_args.critic_init)
     check_run(run_args, args)
-    if run_args.warm_start_episodes > 0 and (args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
+    if run_args.warm_start_episodes > 0 and (
+        args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    ):
         raise ValueError(
             "The warm start (SFT before RL, for the CPU demos) cannot run under DeepSpeed: a second DeepSpeed Accelerator "
             "cannot be created in one process. Set warm_start_episodes=0, or warm-start separately (e.g. with TRL's SFT "
             "script) and pass that model as model_name_or_path."
         )
-    model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(
+        model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code
+    )
     value_model = None if run_args.critic_init == "policy" else run_args.critic_init
     if run_args.critic_init == "pre_warm_start":
         import copy
@@ -156,21 +149,40 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         from starpo_trl.warm_start import demonstrations, warm_start
 
         seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-        demos = demonstrations(args.env_id, args.env_kwargs, seeds, run_args.warm_start_noise, rollout_config(args), run_args.warm_start_actions_per_turn, seed=args.seed)
+        demos = demonstrations(
+            args.env_id,
+            args.env_kwargs,
+            seeds,
+            run_args.warm_start_noise,
+            rollout_config(args),
+            run_args.warm_start_actions_per_turn,
+            seed=args.seed,
+        )
         model = warm_start(
-            model, tokenizer, demos, os.path.join(args.output_dir, "warm_start"), epochs=run_args.warm_start_epochs,
-            learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size, seed=args.seed,
+            model,
+            tokenizer,
+            demos,
+            os.path.join(args.output_dir, "warm_start"),
+            epochs=run_args.warm_start_epochs,
+            learning_rate=run_args.warm_start_learning_rate,
+            batch_size=run_args.warm_start_batch_size,
+            seed=args.seed,
             use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
         )
-    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=get_peft_config(model_args), value_model=value_model)
+    trainer = MultiTurnStarPOTrainer(
+        model,
+        args,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        value_model=value_model,
+        recipe=recipe_text(),
+    )
     del value_model  # the critic holds its own copy
-    trainer.recipe = recipe_text()
     critic_initial = None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters())
-    before = trainer.evaluate_success() if run_args.eval_before else None
+    before = trainer.evaluate_success(name="before RL") if run_args.eval_before else None
     # resuming re-runs the (seeded) warm start first: a LoRA checkpoint holds only the adapter, not the warm-started base
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    after = trainer.evaluate_success()
-    trainer.evaluation_results = {**({"before RL": before} if before else {}), "after RL": after}
+    after = trainer.evaluate_success(name="after RL")
     trainer.save_model(args.output_dir)
     trainer.create_model_card()
     result = {
@@ -185,27 +197,51 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     wall = time.time() - start
     if run_args.rank_summary:
         acc = trainer.accelerator
-        summary = {"process_index": acc.process_index, "num_processes": acc.num_processes, "kept_groups": trainer.kept_group_history,
-                   "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)), "global_step": trainer.state.global_step,
-                   # parameters of the critic, and the share this process holds (half each on 2 processes under ZeRO-3)
-                   "critic_numel": None if trainer.critic is None else sum(getattr(p, "ds_numel", p.numel()) for p in trainer.critic.trainable_parameters()),
-                   "critic_local_numel": None if trainer.critic is None else sum(
-                       p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                       for p in trainer.critic.trainable_parameters()),
-                   "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
-                   "critic_initial_sha256": critic_initial}
+        summary = {
+            "process_index": acc.process_index,
+            "num_processes": acc.num_processes,
+            "kept_groups": trainer.kept_group_history,
+            "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)),
+            "global_step": trainer.state.global_step,
+            # parameters of the critic, and the share this process holds (half each on 2 processes under ZeRO-3)
+            "critic_numel": None
+            if trainer.critic is None
+            else sum(getattr(p, "ds_numel", p.numel()) for p in trainer.critic.trainable_parameters()),
+            "critic_local_numel": None
+            if trainer.critic is None
+            else sum(
+                p.ds_tensor.numel()
+                if hasattr(p, "ds_tensor")
+                else p.to_local().numel()
+                if hasattr(p, "to_local")
+                else p.numel()
+                for p in trainer.critic.trainable_parameters()
+            ),
+            "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
+            "critic_initial_sha256": critic_initial,
+        }
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, f"rank-{acc.process_index}.json"), "w") as f:
             json.dump(summary, f)
     if trainer.accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "report.json"), "w") as f:
-            json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)
+            json.dump(
+                {**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2
+            )
         name = env_name(args.env_id)
         plot_curves(trainer.state.log_history, name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
-        plot_dashboard(trainer.state.log_history, os.path.join(args.output_dir, "dashboard.png"), name, result["guard_events"], title=args.env_id)
+        plot_dashboard(
+            trainer.state.log_history,
+            os.path.join(args.output_dir, "dashboard.png"),
+            name,
+            result["guard_events"],
+            title=args.env_id,
+        )
         if run_args.report_path:
             append_report(run_args.report_path, result, wall)
-        print(f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)")
+        print(
+            f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)"
+        )
     if args.push_to_hub:
         trainer.push_to_hub()
     return result

@@ -35,7 +35,13 @@ sys.path.insert(0, str(HERE))
 OUT = ROOT / "runs" / "bench-collapse"
 STEPS = 120
 RUNS = {
-    "collapse": dict(rollout_filter_ratio=1.0, entropy_coef=0.0, learning_rate=3e-3, lr_scheduler_type="constant_with_warmup", warmup_steps=STEPS // 2),
+    "collapse": dict(
+        rollout_filter_ratio=1.0,
+        entropy_coef=0.0,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=STEPS // 2,
+    ),
     "starpo-s": dict(),  # the demo recipe as it is
 }
 
@@ -46,16 +52,30 @@ def warm_model() -> pathlib.Path:
 
     warm_dir = OUT / "warm"
     if not (warm_dir / "model.safetensors").exists():
+        from starpo_trl.config import rollout_config
         from starpo_trl.models import load_model_and_tokenizer
-        from starpo_trl.trainer import rollout_config
         from starpo_trl.warm_start import demonstrations, warm_start
 
         run_args, args, model_args, tiny_args = parse("demo-cpu-frozenlake.yaml", output_dir=str(warm_dir))
         model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
         seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-        demos = demonstrations(args.env_id, args.env_kwargs, seeds, run_args.warm_start_noise, rollout_config(args), run_args.warm_start_actions_per_turn)
-        model = warm_start(model, tok, demos, str(warm_dir / "sft"), epochs=run_args.warm_start_epochs,
-                           learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size)
+        demos = demonstrations(
+            args.env_id,
+            args.env_kwargs,
+            seeds,
+            run_args.warm_start_noise,
+            rollout_config(args),
+            run_args.warm_start_actions_per_turn,
+        )
+        model = warm_start(
+            model,
+            tok,
+            demos,
+            str(warm_dir / "sft"),
+            epochs=run_args.warm_start_epochs,
+            learning_rate=run_args.warm_start_learning_rate,
+            batch_size=run_args.warm_start_batch_size,
+        )
         model.save_pretrained(warm_dir)
         tok.save_pretrained(warm_dir)
     return warm_dir
@@ -65,20 +85,36 @@ def worker(name: str) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
+    from learning import parse
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learning import parse
     from starpo_trl import MultiTurnStarPOTrainer
 
     warm_dir = OUT / "warm"
     out = OUT / name
-    _, args, _, _ = parse("demo-cpu-frozenlake.yaml", output_dir=str(out), max_steps=STEPS, collapse_guard="warn", disable_tqdm=True, **RUNS[name])
-    trainer = MultiTurnStarPOTrainer(AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=AutoTokenizer.from_pretrained(warm_dir))
+    _, args, _, _ = parse(
+        "demo-cpu-frozenlake.yaml",
+        output_dir=str(out),
+        max_steps=STEPS,
+        collapse_guard="warn",
+        disable_tqdm=True,
+        **RUNS[name],
+    )
+    trainer = MultiTurnStarPOTrainer(
+        AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=AutoTokenizer.from_pretrained(warm_dir)
+    )
     start = time.time()
     trainer.train()
     with open(out / "report.json", "w") as f:
-        json.dump({"env_id": args.env_id, "log_history": trainer.state.log_history, "guard_events": trainer.guard.events,
-                   "wall_seconds": round(time.time() - start, 1)}, f)
+        json.dump(
+            {
+                "env_id": args.env_id,
+                "log_history": trainer.state.log_history,
+                "guard_events": trainer.guard.events,
+                "wall_seconds": round(time.time() - start, 1),
+            },
+            f,
+        )
 
 
 def halved_step(history: list[dict], key: str, early_n: int = 10, window: int = 5) -> tuple[float, int | None]:
@@ -96,7 +132,7 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
     """The guard's events with the shipped default rules, over a logged history (as the live guard in warn mode)."""
     from learning import parse
 
-    from starpo_trl.guard import CollapseMonitor, rules_from_config, signals_from_logs
+    from starpo_trl.monitoring.guard import CollapseMonitor, rules_from_config, signals_from_logs
 
     _, args, _, _ = parse("demo-cpu-frozenlake.yaml")
     monitor, events = CollapseMonitor(rules_from_config(args)), []
@@ -110,7 +146,8 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
 
 def main(replay: bool = False) -> None:
     from report import store
-    from starpo_trl.plotting import plot_dashboard
+
+    from starpo_trl.monitoring.plotting import plot_dashboard
 
     if not replay:
         warm_model()
@@ -129,25 +166,45 @@ def main(replay: bool = False) -> None:
         plot_dashboard(history, str(png), "FrozenLake-v0", events, title=f"{name}: FrozenLake-v0, collapse_guard=warn")
         first = events[0] if events else None
         results[name] = {
-            "settings": RUNS[name] or "demo recipe", "guard_first_step": first["step"] if first else None,
-            "guard_rules": [e["rules"] for e in events], "guard_steps": [e["step"] for e in events],
-            "early_success": round(early, 4), "success_halved_step": halved, "wall_seconds": report["wall_seconds"],
+            "settings": RUNS[name] or "demo recipe",
+            "guard_first_step": first["step"] if first else None,
+            "guard_rules": [e["rules"] for e in events],
+            "guard_steps": [e["step"] for e in events],
+            "early_success": round(early, 4),
+            "success_halved_step": halved,
+            "wall_seconds": report["wall_seconds"],
             "png": str(png.relative_to(ROOT)),
         }
         print(name, results[name], flush=True)
     c, s = results["collapse"], results["starpo-s"]
-    store("collapse", {
-        "runs": results, "steps": STEPS,
-        "guard_fired_in_collapse_run": c["guard_first_step"] is not None,
-        "guard_before_success_halved": c["guard_first_step"] is not None and (c["success_halved_step"] is None or c["guard_first_step"] < c["success_halved_step"]),
-        "success_halved_in_collapse_run": c["success_halved_step"] is not None,
-        "guard_silent_in_starpo_s_run": s["guard_first_step"] is None,
-        "success_crash_step": next((st for st, v in crash_rows(json.loads((OUT / "collapse" / "report.json").read_text())["log_history"]) if v == 0.0), None),
-    })
+    store(
+        "collapse",
+        {
+            "runs": results,
+            "steps": STEPS,
+            "guard_fired_in_collapse_run": c["guard_first_step"] is not None,
+            "guard_before_success_halved": c["guard_first_step"] is not None
+            and (c["success_halved_step"] is None or c["guard_first_step"] < c["success_halved_step"]),
+            "success_halved_in_collapse_run": c["success_halved_step"] is not None,
+            "guard_silent_in_starpo_s_run": s["guard_first_step"] is None,
+            "success_crash_step": next(
+                (
+                    st
+                    for st, v in crash_rows(json.loads((OUT / "collapse" / "report.json").read_text())["log_history"])
+                    if v == 0.0
+                ),
+                None,
+            ),
+        },
+    )
 
 
 def crash_rows(history: list[dict]) -> list[tuple[int, float]]:
-    return [(r["step"], r["env/FrozenLake-v0/success"]) for r in history if "env/FrozenLake-v0/success" in r and r["step"] > 10]
+    return [
+        (r["step"], r["env/FrozenLake-v0/success"])
+        for r in history
+        if "env/FrozenLake-v0/success" in r and r["step"] > 10
+    ]
 
 
 if __name__ == "__main__":

@@ -37,11 +37,26 @@ def worker(mode: str) -> None:
     model = build_tiny_model(tok, hidden_size=HIDDEN, num_layers=LAYERS)
     extra = {} if mode == "none" else {"advantage_estimator": "gae", "critic_type": mode}
     args = StarPOConfig(
-        output_dir=tempfile.mkdtemp(), env_id=ENV, num_start_states=4, num_generations=4, rollout_filter_ratio=1.0,
-        per_device_train_batch_size=4, gradient_accumulation_steps=4, max_steps=STEPS, max_turns=1, max_tokens_per_turn=16,
-        report_to=[], save_strategy="no", disable_tqdm=True, **extra,
+        output_dir=tempfile.mkdtemp(),
+        env_id=ENV,
+        num_start_states=4,
+        num_generations=4,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        max_steps=STEPS,
+        max_turns=1,
+        max_tokens_per_turn=16,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        **extra,
     )
-    peft = LoraConfig(r=64, lora_alpha=64, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    peft = LoraConfig(
+        r=64,
+        lora_alpha=64,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     MultiTurnStarPOTrainer(model, args, processing_class=tok, peft_config=peft).train()
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "params": params}))
@@ -58,11 +73,18 @@ def main() -> None:
         params = data["params"]
         print(f"{label:20s} peak RSS {rows[label]:8.0f} MiB")
     base, lora, full = rows["grpo, no critic"], rows["gae, LoRA critic"], rows["gae, full critic"]
-    store("critic_memory", {
-        "model": f"Qwen2 architecture, hidden {HIDDEN}, {LAYERS} layers, {params / 1e6:.1f}M parameters, LoRA r=64 on all linear layers",
-        "env_id": ENV, "steps": STEPS, "peak_rss_mib": rows,
-        "lora_vs_full_ratio": lora / full, "lora_extra_mib": lora - base, "full_extra_mib": full - base,
-    })
+    store(
+        "critic_memory",
+        {
+            "model": f"Qwen2 architecture, hidden {HIDDEN}, {LAYERS} layers, {params / 1e6:.1f}M parameters, LoRA r=64 on all linear layers",
+            "env_id": ENV,
+            "steps": STEPS,
+            "peak_rss_mib": rows,
+            "lora_vs_full_ratio": lora / full,
+            "lora_extra_mib": lora - base,
+            "full_extra_mib": full - base,
+        },
+    )
 
 
 if __name__ == "__main__":

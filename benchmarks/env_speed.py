@@ -1,6 +1,6 @@
 """Env speed: resets/s and steps/s per registered env, on one core. Target: 6x6 Sokoban >= 200 resets/s.
 
-    python benchmarks/env_speed.py            # prints a table, stores it in benchmarks/results.json + BENCHMARKS.md
+python benchmarks/env_speed.py            # prints a table, stores it in benchmarks/results.json + BENCHMARKS.md
 """
 
 import pathlib

@@ -11,7 +11,6 @@ half of its best value so far (after step 10).
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 import time
@@ -34,8 +33,8 @@ def parse(recipe: str, **overrides):
     from trl import ModelConfig, TrlParser
 
     from starpo_trl import StarPOConfig
+    from starpo_trl.config import RunArguments
     from starpo_trl.models import TinyModelArguments
-    from train import RunArguments
 
     config = {**yaml.safe_load((ROOT / "recipes" / recipe).read_text()), **overrides}
     return TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments)).parse_dict(config)
@@ -58,18 +57,18 @@ def main() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from report import store
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from report import store
     from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.config import rollout_config
     from starpo_trl.models import load_model_and_tokenizer
-    from starpo_trl.plotting import series
-    from starpo_trl.trainer import rollout_config
+    from starpo_trl.monitoring.plotting import series
     from starpo_trl.warm_start import demonstrations, warm_start
 
     results = {}
     for env_id, (recipe, max_steps) in RECIPES.items():
-        from starpo_trl.envs_registry import env_name
+        from envs.contract import env_name
 
         name = env_name(env_id)
         warm_dir = OUT / name / "warm"
@@ -77,26 +76,61 @@ def main() -> None:
         if not (warm_dir / "model.safetensors").exists():
             model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
             seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-            demos = demonstrations(env_id, args.env_kwargs, seeds, run_args.warm_start_noise, rollout_config(args), run_args.warm_start_actions_per_turn)
-            model = warm_start(model, tok, demos, str(warm_dir / "sft"), epochs=run_args.warm_start_epochs, learning_rate=run_args.warm_start_learning_rate, batch_size=run_args.warm_start_batch_size)
+            demos = demonstrations(
+                env_id,
+                args.env_kwargs,
+                seeds,
+                run_args.warm_start_noise,
+                rollout_config(args),
+                run_args.warm_start_actions_per_turn,
+            )
+            model = warm_start(
+                model,
+                tok,
+                demos,
+                str(warm_dir / "sft"),
+                epochs=run_args.warm_start_epochs,
+                learning_rate=run_args.warm_start_learning_rate,
+                batch_size=run_args.warm_start_batch_size,
+            )
             model.save_pretrained(warm_dir)
             tok.save_pretrained(warm_dir)
         runs = []
         fig, ax = plt.subplots(figsize=(6, 4))
         for ratio in RATIOS:
             for seed in SEEDS:
-                _, args, _, _ = parse(recipe, output_dir=str(OUT / name / f"r{ratio}-s{seed}"), rollout_filter_ratio=ratio, seed=seed, max_steps=max_steps)
+                _, args, _, _ = parse(
+                    recipe,
+                    output_dir=str(OUT / name / f"r{ratio}-s{seed}"),
+                    rollout_filter_ratio=ratio,
+                    seed=seed,
+                    max_steps=max_steps,
+                )
                 start = time.time()
                 tok = AutoTokenizer.from_pretrained(warm_dir)
-                trainer = MultiTurnStarPOTrainer(AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=tok)
+                trainer = MultiTurnStarPOTrainer(
+                    AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=tok
+                )
                 trainer.train()
                 final = trainer.evaluate_success()["success"]
                 key = f"env/{name}/success"
-                runs.append({"ratio": ratio, "seed": seed, "final_success": final, "collapse_step": collapse_step(trainer.state.log_history, key),
-                             "wall_seconds": round(time.time() - start, 1)})
+                runs.append(
+                    {
+                        "ratio": ratio,
+                        "seed": seed,
+                        "final_success": final,
+                        "collapse_step": collapse_step(trainer.state.log_history, key),
+                        "wall_seconds": round(time.time() - start, 1),
+                    }
+                )
                 steps, values = series(trainer.state.log_history, key)
-                ax.plot(steps, values, color={1.0: "tab:red", 0.5: "tab:orange", 0.25: "tab:green"}[ratio], alpha=0.6,
-                        label=f"keep {ratio}" if seed == 0 else None)
+                ax.plot(
+                    steps,
+                    values,
+                    color={1.0: "tab:red", 0.5: "tab:orange", 0.25: "tab:green"}[ratio],
+                    alpha=0.6,
+                    label=f"keep {ratio}" if seed == 0 else None,
+                )
                 print(name, runs[-1], flush=True)
         ax.set_title(f"{env_id}: train success by filter keep ratio (3 seeds)")
         ax.set_xlabel("step")
@@ -106,8 +140,12 @@ def main() -> None:
         fig.savefig(png, dpi=100)
         plt.close(fig)
         mean = {r: sum(x["final_success"] for x in runs if x["ratio"] == r) / len(SEEDS) for r in RATIOS}
-        results[env_id] = {"runs": runs, "mean_final_success": mean, "png": str(png.relative_to(ROOT)),
-                           "paper_ordering_held": mean[0.25] >= mean[0.5] >= mean[1.0]}
+        results[env_id] = {
+            "runs": runs,
+            "mean_final_success": mean,
+            "png": str(png.relative_to(ROOT)),
+            "paper_ordering_held": mean[0.25] >= mean[0.5] >= mean[1.0],
+        }
     store("learning", {"per_env": results, "ratios": list(RATIOS), "seeds": list(SEEDS)})
 
 

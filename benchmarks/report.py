@@ -17,7 +17,13 @@ def load() -> dict:
 
 
 # headline ratios also stand at the top level of results.json, where tools look for them
-HEADLINE = ("rollout_overhead_ratio", "batched_vs_sequential_speedup", "step_time_ratio_vs_trl_grpo", "lora_vs_full_ratio", "kv_reuse_speedup")
+HEADLINE = (
+    "rollout_overhead_ratio",
+    "batched_vs_sequential_speedup",
+    "step_time_ratio_vs_trl_grpo",
+    "lora_vs_full_ratio",
+    "kv_reuse_speedup",
+)
 
 
 def store(key: str, value) -> dict:
@@ -36,130 +42,231 @@ def machine() -> str:
 
 
 def write(results: dict) -> None:
-    lines = ["# Benchmarks", "", "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand.", ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand.",
+        "",
+    ]
     if "envs" in results:
         r = results["envs"]
-        lines += [f"## Environment speed (`python benchmarks/env_speed.py`, {r['machine']}, {r['measured_at']})", "",
-                  "| env | resets/s | steps/s |", "|---|---|---|"]
+        lines += [
+            f"## Environment speed (`python benchmarks/env_speed.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            "| env | resets/s | steps/s |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{k}` | {v['resets_per_s']:.0f} | {v['steps_per_s']:.0f} |" for k, v in r["per_env"].items()]
-        lines += ["", f"Target: 6x6 Sokoban resets >= 200/s on one core: **{'met' if r['sokoban_target_met'] else 'NOT met'}**.", ""]
+        lines += [
+            "",
+            f"Target: 6x6 Sokoban resets >= 200/s on one core: **{'met' if r['sokoban_target_met'] else 'NOT met'}**.",
+            "",
+        ]
     if "speed" in results:
         r = results["speed"]
         check = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-        lines += [f"## Speed (`python benchmarks/speed.py`, {r['machine']}, {r['measured_at']})", "",
-                  f"Model: {r['model']}. Each ratio is measured side by side in one run (median of repeats).", "",
-                  "| measure | value | target |", "|---|---|---|",
-                  f"| rollout_overhead_ratio (engine / bare `model.generate` on the same inputs, 32 episodes x 5 turns) | {r['rollout_overhead_ratio']:.2f} | <= 1.10: {check(r['rollout_overhead_ratio'] <= 1.10)} |",
-                  f"| batched_vs_sequential_speedup (same 32 episodes) | {r['batched_vs_sequential_speedup']:.1f} | >= 5: {check(r['batched_vs_sequential_speedup'] >= 5)} |",
-                  f"| step_time_ratio_vs_trl_grpo (per model token, single-turn Bandit) | {r['step_time_ratio_vs_trl_grpo']:.2f} | <= 1.15: {check(r['step_time_ratio_vs_trl_grpo'] <= 1.15)} |",
-                  f"| peak RSS of a shortened CPU demo run (MiB) | {r['demo_peak_rss_mib']:.0f} | |", "",
-                  f"Step seconds: {r['step_seconds']}; mean completion tokens: {r['mean_completion_tokens']}.", "",
-                  "Tokens the model reads before sampling, per episode at each turn: the whole history "
-                  + ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn"]))
-                  + (("; with the HF backend's KV reuse across turns (only what was appended) "
-                      + ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn_kv_reuse"]))
-                      + f". KV reuse speedup of the engine (reuse off / on, same episodes): {r['kv_reuse_speedup']:.2f} on the tiny model"
-                      + (f", {r['kv_reuse_speedup_smollm2']:.2f} on SmolLM2-135M-Instruct (8 FrozenLake episodes x 3 turns x 24 tokens)"
-                         if "kv_reuse_speedup_smollm2" in r else "")) if "kv_reuse_speedup" in r else "") + ".", ""]
+        lines += [
+            f"## Speed (`python benchmarks/speed.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"Model: {r['model']}. Each ratio is measured side by side in one run (median of repeats).",
+            "",
+            "| measure | value | target |",
+            "|---|---|---|",
+            f"| rollout_overhead_ratio (engine / bare `model.generate` on the same inputs, 32 episodes x 5 turns) | {r['rollout_overhead_ratio']:.2f} | <= 1.10: {check(r['rollout_overhead_ratio'] <= 1.10)} |",
+            f"| batched_vs_sequential_speedup (same 32 episodes) | {r['batched_vs_sequential_speedup']:.1f} | >= 5: {check(r['batched_vs_sequential_speedup'] >= 5)} |",
+            f"| step_time_ratio_vs_trl_grpo (per model token, single-turn Bandit) | {r['step_time_ratio_vs_trl_grpo']:.2f} | <= 1.15: {check(r['step_time_ratio_vs_trl_grpo'] <= 1.15)} |",
+            f"| peak RSS of a shortened CPU demo run (MiB) | {r['demo_peak_rss_mib']:.0f} | |",
+            "",
+            f"Step seconds: {r['step_seconds']}; mean completion tokens: {r['mean_completion_tokens']}.",
+            "",
+            "Tokens the model reads before sampling, per episode at each turn: the whole history "
+            + ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn"]))
+            + (
+                (
+                    "; with the HF backend's KV reuse across turns (only what was appended) "
+                    + ", ".join(
+                        f"turn {i + 1}: {v:.0f}"
+                        for i, v in enumerate(r["prefill_tokens_per_episode_by_turn_kv_reuse"])
+                    )
+                    + f". KV reuse speedup of the engine (reuse off / on, same episodes): {r['kv_reuse_speedup']:.2f} on the tiny model"
+                    + (
+                        f", {r['kv_reuse_speedup_smollm2']:.2f} on SmolLM2-135M-Instruct (8 FrozenLake episodes x 3 turns x 24 tokens)"
+                        if "kv_reuse_speedup_smollm2" in r
+                        else ""
+                    )
+                )
+                if "kv_reuse_speedup" in r
+                else ""
+            )
+            + ".",
+            "",
+        ]
     if "learning" in results:
         r = results["learning"]
-        lines += [f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {r['machine']}, {r['measured_at']})", "",
-                  "The paper's finding 4 at small scale: tiny offline model, one warm start per env, then StarPO with keep ratio "
-                  f"{', '.join(map(str, r['ratios']))} and seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.", "",
-                  "| env | keep ratio | final success (mean) | per seed | collapse step | wall s (mean) |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            "The paper's finding 4 at small scale: tiny offline model, one warm start per env, then StarPO with keep ratio "
+            f"{', '.join(map(str, r['ratios']))} and seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.",
+            "",
+            "| env | keep ratio | final success (mean) | per seed | collapse step | wall s (mean) |",
+            "|---|---|---|---|---|---|",
+        ]
         for env_id, e in r["per_env"].items():
             for ratio in r["ratios"]:
                 runs = [x for x in e["runs"] if x["ratio"] == ratio]
-                lines.append(f"| `{env_id}` | {ratio} | {e['mean_final_success'][str(ratio)] if str(ratio) in e['mean_final_success'] else e['mean_final_success'][ratio]:.3f} | "
-                             + ", ".join(f"{x['final_success']:.3f}" for x in runs) + " | "
-                             + ", ".join(str(x["collapse_step"]) if x["collapse_step"] else "none" for x in runs) + " | "
-                             + f"{sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |")
+                lines.append(
+                    f"| `{env_id}` | {ratio} | {e['mean_final_success'][str(ratio)] if str(ratio) in e['mean_final_success'] else e['mean_final_success'][ratio]:.3f} | "
+                    + ", ".join(f"{x['final_success']:.3f}" for x in runs)
+                    + " | "
+                    + ", ".join(str(x["collapse_step"]) if x["collapse_step"] else "none" for x in runs)
+                    + " | "
+                    + f"{sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |"
+                )
         for env_id, e in r["per_env"].items():
             collapsed = [x for x in e["runs"] if x["collapse_step"]]
-            lines.append(f"\n`{env_id}` ({e['png']}): the paper's ordering (0.25 >= 0.5 >= 1.0 in final success) "
-                         + ("**held**." if e["paper_ordering_held"] else "**did not hold**.")
-                         + (f" {len(collapsed)} of {len(e['runs'])} runs collapsed." if collapsed else
-                            " No run collapsed within its steps, so steps-to-collapse does not separate the ratios here."))
+            lines.append(
+                f"\n`{env_id}` ({e['png']}): the paper's ordering (0.25 >= 0.5 >= 1.0 in final success) "
+                + ("**held**." if e["paper_ordering_held"] else "**did not hold**.")
+                + (
+                    f" {len(collapsed)} of {len(e['runs'])} runs collapsed."
+                    if collapsed
+                    else " No run collapsed within its steps, so steps-to-collapse does not separate the ratios here."
+                )
+            )
         lines.append("")
     if "critic_memory" in results:
         r = results["critic_memory"]
-        lines += [f"## Critic memory (`python benchmarks/critic_memory.py`, {r['machine']}, {r['measured_at']})", "",
-                  f"Peak resident memory of {r['steps']} training steps of a LoRA policy ({r['model']}) on "
-                  f"`{r['env_id']}`, each run in its own process, side by side:", "",
-                  "| advantage estimator / critic | peak RSS (MiB) |", "|---|---|"]
+        lines += [
+            f"## Critic memory (`python benchmarks/critic_memory.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"Peak resident memory of {r['steps']} training steps of a LoRA policy ({r['model']}) on "
+            f"`{r['env_id']}`, each run in its own process, side by side:",
+            "",
+            "| advantage estimator / critic | peak RSS (MiB) |",
+            "|---|---|",
+        ]
         lines += [f"| {name} | {mb:.0f} |" for name, mb in r["peak_rss_mib"].items()]
-        lines += ["", f"LoRA critic / full critic peak memory: **{r['lora_vs_full_ratio']:.2f}**; "
-                  f"extra memory over no critic: LoRA {r['lora_extra_mib']:.0f} MiB, full {r['full_extra_mib']:.0f} MiB.", ""]
+        lines += [
+            "",
+            f"LoRA critic / full critic peak memory: **{r['lora_vs_full_ratio']:.2f}**; "
+            f"extra memory over no critic: LoRA {r['lora_extra_mib']:.0f} MiB, full {r['full_extra_mib']:.0f} MiB.",
+            "",
+        ]
     if "collapse" in results:
         r = results["collapse"]
-        c, s = r["runs"]["collapse"], r["runs"]["starpo-s"]
         yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
-        lines += [f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {r['machine']}, {r['measured_at']})", "",
-                  f"Same warm-started tiny model on non-slippery FrozenLake, {r['steps']} steps each, `collapse_guard=warn` with default "
-                  "thresholds, the two runs side by side. Early success = mean train success of the first 10 rollouts; "
-                  "\"halved\" = first step whose 5-rollout moving average of train success is below half of it.", "",
-                  "| run | settings | early success | guard events (step: rules) | success halved at | dashboard |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"Same warm-started tiny model on non-slippery FrozenLake, {r['steps']} steps each, `collapse_guard=warn` with default "
+            "thresholds, the two runs side by side. Early success = mean train success of the first 10 rollouts; "
+            '"halved" = first step whose 5-rollout moving average of train success is below half of it.',
+            "",
+            "| run | settings | early success | guard events (step: rules) | success halved at | dashboard |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, x in r["runs"].items():
-            events = "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(x["guard_steps"], x["guard_rules"])) or "none"
-            lines.append(f"| {name} | {x['settings']} | {x['early_success']:.3f} | {events} | {x['success_halved_step'] or 'never'} | `{x['png']}` |")
-        lines += ["", f"- guard fired in the collapse run: {yes(r['guard_fired_in_collapse_run'])}; before success halved: "
-                  f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
-                  f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}",
-                  f"- first rollout of the collapse run with train success 0: step {r.get('success_crash_step')}", "",
-                  "Read with care: the events are the guard's rules with the shipped defaults run over the logged histories "
-                  "(identical to the live guard in `warn` mode), and those defaults (drop to 0.4 of the early level; two grad-norm "
-                  "spikes of 5x in a row) were set after looking at these two runs and checked against the other CPU runs at hand "
-                  "(the demo and PPO-demo runs stay silent). In the collapse run the first warning is the grad-norm rule at the "
-                  "point of no return, one rollout before success drops to 0 (the format breaks down); in-group reward std and "
-                  "entropy had been falling for some 20 steps before, but crossed 0.4 of their early level only after the crash. "
-                  "A single spike of 20x at step 14 recovered, which is why one spike alone does not warn.", ""]
+            events = (
+                "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(x["guard_steps"], x["guard_rules"]))
+                or "none"
+            )
+            lines.append(
+                f"| {name} | {x['settings']} | {x['early_success']:.3f} | {events} | {x['success_halved_step'] or 'never'} | `{x['png']}` |"
+            )
+        lines += [
+            "",
+            f"- guard fired in the collapse run: {yes(r['guard_fired_in_collapse_run'])}; before success halved: "
+            f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
+            f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}",
+            f"- first rollout of the collapse run with train success 0: step {r.get('success_crash_step')}",
+            "",
+            "Read with care: the events are the guard's rules with the shipped defaults run over the logged histories "
+            "(identical to the live guard in `warn` mode), and those defaults (drop to 0.4 of the early level; two grad-norm "
+            "spikes of 5x in a row) were set after looking at these two runs and checked against the other CPU runs at hand "
+            "(the demo and PPO-demo runs stay silent). In the collapse run the first warning is the grad-norm rule at the "
+            "point of no return, one rollout before success drops to 0 (the format breaks down); in-group reward std and "
+            "entropy had been falling for some 20 steps before, but crossed 0.4 of their early level only after the crash. "
+            "A single spike of 20x at step 14 recovered, which is why one spike alone does not warn.",
+            "",
+        ]
     if "real_model" in results:
         r = results["real_model"]
-        lines += [f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {r['machine']}, {r['measured_at']})", "",
-                  f"{r['model']}. Licence: Apache-2.0.", ""]
+        lines += [
+            f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"{r['model']}. Licence: Apache-2.0.",
+            "",
+        ]
         if r.get("baseline"):
-            lines += ["Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "
-                      f"{r.get('temperature', 0.5)}, StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).", "",
-                      "| env | episodes | success | format-error rate (per turn) | valid-action rate | turns | wall s |", "|---|---|---|---|---|---|---|"]
+            lines += [
+                "Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "
+                f"{r.get('temperature', 0.5)}, StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).",
+                "",
+                "| env | episodes | success | format-error rate (per turn) | valid-action rate | turns | wall s |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for env_id, x in r["baseline"].items():
-                lines.append(f"| `{env_id}` | {x.get('episodes', r.get('episodes', ''))} | {x['success']:.3f} | {x['format_error_rate']:.3f} | "
-                             f"{x['valid_action_rate']:.3f} | {x['turns']:.2f} | {x['wall_seconds']:.0f} |")
+                lines.append(
+                    f"| `{env_id}` | {x.get('episodes', r.get('episodes', ''))} | {x['success']:.3f} | {x['format_error_rate']:.3f} | "
+                    f"{x['valid_action_rate']:.3f} | {x['turns']:.2f} | {x['wall_seconds']:.0f} |"
+                )
             lines.append("")
         if r.get("runs"):
-            lines += ["StarPO runs (`python benchmarks/real_model.py rl RECIPE`): held-out success and format-error rate (per turn) "
-                      "before RL (after any warm start) and after.", "",
-                      "| recipe | train env | eval env | start | success before -> after | format errors before -> after | steps | step s (median) | wall s | peak RSS MiB | curves |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "StarPO runs (`python benchmarks/real_model.py rl RECIPE`): held-out success and format-error rate (per turn) "
+                "before RL (after any warm start) and after.",
+                "",
+                "| recipe | train env | eval env | start | success before -> after | format errors before -> after | steps | step s (median) | wall s | peak RSS MiB | curves |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
             fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
             for x in r["runs"]:
                 start = x["start"] + (f" ({x['warm_start']})" if x.get("warm_start") else "")
-                lines.append(f"| `{x['recipe']}` | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
-                             f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
-                             f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |")
+                lines.append(
+                    f"| `{x['recipe']}` | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
+                    f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
+                    f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |"
+                )
             lines.append("")
     if "whitening" in results:
         r = results["whitening"]
-        lines += [f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {r['machine']}, {r['measured_at']})", "",
-                  f"`{r['recipe']}` (tiny model, warm start, full critic, 100 steps, seed 0) with `whiten_advantages` on and off; "
-                  "held-out success on 256 episodes; explained variance of the critic averaged over windows of 20 rollouts (this recipe plays one rollout every 2 optimizer steps).", "",
-                  "| run | success before | success after | critic explained variance by 20 rollouts | mean advantages std | wall s |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"`{r['recipe']}` (tiny model, warm start, full critic, 100 steps, seed 0) with `whiten_advantages` on and off; "
+            "held-out success on 256 episodes; explained variance of the critic averaged over windows of 20 rollouts (this recipe plays one rollout every 2 optimizer steps).",
+            "",
+            "| run | success before | success after | critic explained variance by 20 rollouts | mean advantages std | wall s |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, x in r["runs"].items():
-            lines.append(f"| {name} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
-                         f"{', '.join(f'{v:.2f}' for v in x['explained_variance_by_20_steps'])} | {x['advantages_std_mean']:.3f} | {x['wall_seconds']:.0f} |")
+            lines.append(
+                f"| {name} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
+                f"{', '.join(f'{v:.2f}' for v in x['explained_variance_by_20_steps'])} | {x['advantages_std_mean']:.3f} | {x['wall_seconds']:.0f} |"
+            )
         lines.append("")
     lines += ["## GPU checks (`bash scripts/gpu_check.sh`)", ""]
     if "gpu_check" in results:
         r = results["gpu_check"]
-        lines += [f"Run on {r['gpu']} ({r['measured_at']}); a random Qwen2.5-0.5B-architecture model with the offline tokenizer.", "",
-                  "| check | exit code | result |", "|---|---|---|"]
+        lines += [
+            f"Run on {r['gpu']} ({r['measured_at']}); a random Qwen2.5-0.5B-architecture model with the offline tokenizer.",
+            "",
+            "| check | exit code | result |",
+            "|---|---|---|",
+        ]
         for name in ("make_model", "vllm_rollout", "zero2_train", "vllm_lora_train", "memory"):
             x = dict(r.get(name, {}))
             code = x.pop("exit_code", None)
-            lines.append(f"| {name} | {code} | {', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in x.items()) or '-'} |")
+            lines.append(
+                f"| {name} | {code} | {', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in x.items()) or '-'} |"
+            )
         lines.append("")
     else:
-        lines += ["**Not yet run**: no GPU has been available to this project's machines so far. vLLM rollouts (and the "
-                  "adapter-only LoRA sync), DeepSpeed ZeRO-2/3, FSDP2, QLoRA, the Colab notebook and the GPU recipes are not yet verified on GPU; this section "
-                  "is rewritten by `scripts/gpu_check.sh` when it runs.", ""]
+        lines += [
+            "**Not yet run**: no GPU has been available to this project's machines so far. vLLM rollouts (and the "
+            "adapter-only LoRA sync), DeepSpeed ZeRO-2/3, FSDP2, QLoRA, the Colab notebook and the GPU recipes are not yet verified on GPU; this section "
+            "is rewritten by `scripts/gpu_check.sh` when it runs.",
+            "",
+        ]
     MARKDOWN.write_text("\n".join(lines))

@@ -67,13 +67,22 @@ def bare_generate_seconds(model, tok, calls) -> float:
         ids = torch.full((len(sequences), width), tok.pad_token_id)
         mask = torch.zeros_like(ids)
         for i, s in enumerate(sequences):
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
         torch.set_rng_state(rng)
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=True, temperature=temperature,
-                           top_k=None, top_p=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new,
+                do_sample=True,
+                temperature=temperature,
+                top_k=None,
+                top_p=None,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
         total += time.perf_counter() - start
     return total
 
@@ -82,7 +91,9 @@ def rollout_rows(model, tok) -> dict:
     cfg = RolloutConfig(max_turns=5, max_tokens_per_turn=24)
     starts = [StartState("starpo/Sokoban-v0", s) for s in range(8) for _ in range(4)]
     ratios, speedups, prefill = [], [], None
-    RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]).run(starts)  # warm-up
+    RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]).run(
+        starts
+    )  # warm-up
     reuse = kv_reuse_speedup(model, tok, starts, cfg)
     for rep in range(REPEATS):
         rec = Recording(HFBackend(model, tok.pad_token_id, [tok.eos_token_id]))
@@ -95,13 +106,17 @@ def rollout_rows(model, tok) -> dict:
         ratios.append(engine_s / bare_s)
         prefill = [sum(map(len, seqs)) / len(seqs) for seqs, *_ in rec.calls]
         read = [r / len(seqs) for r, (seqs, *_) in zip(rec.read, rec.calls)]
-        seq_engine = RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id])
+        seq_engine = RolloutEngine(
+            tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]
+        )
         torch.manual_seed(rep)
         start = time.perf_counter()
         for s in starts:
             seq_engine.run([s])
         speedups.append((time.perf_counter() - start) / engine_s)
-        print(f"rollout rep {rep}: engine {engine_s:.2f}s, bare generate {bare_s:.2f}s, sequential x{speedups[-1]:.1f}, turns {max(e.num_turns for e in episodes)}")
+        print(
+            f"rollout rep {rep}: engine {engine_s:.2f}s, bare generate {bare_s:.2f}s, sequential x{speedups[-1]:.1f}, turns {max(e.num_turns for e in episodes)}"
+        )
     return {
         "rollout_overhead_ratio": sorted(ratios)[len(ratios) // 2],
         "kv_reuse_speedup": reuse,
@@ -144,28 +159,57 @@ def real_model_kv_reuse() -> dict:
 
 
 def step_time_rows(model_seed: int = 0) -> dict:
+    import gymnasium as gym
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    import gymnasium as gym
     from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-    from starpo_trl.prompting import first_user_message, parse_reply
     from starpo_trl.rollout import ChatFormat
+    from starpo_trl.rollout.prompting import first_user_message, parse_reply
 
     tok = build_tiny_tokenizer()
-    common = dict(per_device_train_batch_size=16, gradient_accumulation_steps=1, num_generations=8, max_steps=6, learning_rate=1e-4,
-                  report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1, temperature=1.0, beta=0.0, epsilon_high=0.28,
-                  bf16=False)
+    common = dict(
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=1,
+        num_generations=8,
+        max_steps=6,
+        learning_rate=1e-4,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        temperature=1.0,
+        beta=0.0,
+        epsilon_high=0.28,
+        bf16=False,
+    )
     tmp = tempfile.mkdtemp()
     ours = MultiTurnStarPOTrainer(
-        build_tiny_model(tok, seed=model_seed), StarPOConfig(output_dir=tmp + "/a", env_id="starpo/Bandit-v0", num_start_states=2, rollout_filter_ratio=1.0,
-                                                             max_turns=1, max_tokens_per_turn=32, **common), processing_class=tok)
+        build_tiny_model(tok, seed=model_seed),
+        StarPOConfig(
+            output_dir=tmp + "/a",
+            env_id="starpo/Bandit-v0",
+            num_start_states=2,
+            rollout_filter_ratio=1.0,
+            max_turns=1,
+            max_tokens_per_turn=32,
+            **common,
+        ),
+        processing_class=tok,
+    )
     env = gym.make("starpo/Bandit-v0")
     prompts = []
     for seed in range(64):
         obs, _ = env.reset(seed=seed)
-        prompts.append({"prompt": [{"role": "system", "content": "You are a helpful assistant."},
-                                   {"role": "user", "content": first_user_message(env, obs, 5, 1, True)}], "seed": seed})
+        prompts.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": first_user_message(env, obs, 5, 1, True)},
+                ],
+                "seed": seed,
+            }
+        )
 
     def bandit_reward(completions, seed, **kwargs):
         rewards = []
@@ -176,14 +220,21 @@ def step_time_rows(model_seed: int = 0) -> dict:
             rewards.append(e.step(parsed.actions[0])[1] if parsed.format_ok else -0.1)
         return rewards
 
-    stock = GRPOTrainer(build_tiny_model(tok, seed=model_seed), reward_funcs=[bandit_reward], processing_class=tok,
-                        args=GRPOConfig(output_dir=tmp + "/b", max_completion_length=32, **common), train_dataset=Dataset.from_list(prompts))
+    stock = GRPOTrainer(
+        build_tiny_model(tok, seed=model_seed),
+        reward_funcs=[bandit_reward],
+        processing_class=tok,
+        args=GRPOConfig(output_dir=tmp + "/b", max_completion_length=32, **common),
+        train_dataset=Dataset.from_list(prompts),
+    )
     ChatFormat(tok, [tok.eos_token_id])  # same template check the engine makes, outside the clock
     times = {}
     for name, trainer in (("starpo", ours), ("trl", stock)):
         trainer.train()
         steps = [r["step_time"] for r in trainer.state.log_history if "step_time" in r][1:]  # the first warms up
-        tokens = [r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")]
+        tokens = [
+            r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")
+        ]
         times[name] = (sorted(steps)[len(steps) // 2], sum(tokens) / len(tokens))
         print(f"{name}: median step {times[name][0]:.3f}s, mean completion tokens {times[name][1]:.1f}")
     # normalise by model tokens per step, since sampled lengths differ between the two runs
@@ -198,10 +249,26 @@ def step_time_rows(model_seed: int = 0) -> dict:
 def demo_peak_rss_mib() -> float:
     root = HERE.parent
     subprocess.run(
-        [sys.executable, str(root / "train.py"), "--config", str(root / "recipes/demo-cpu-frozenlake.yaml"), "--output_dir",
-         tempfile.mkdtemp(), "--report_path", tempfile.mktemp(suffix=".json"), "--max_steps", "4", "--warm_start_episodes", "64",
-         "--num_eval_episodes", "256", "--disable_tqdm", "true"],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            str(root / "train.py"),
+            "--config",
+            str(root / "recipes/demo-cpu-frozenlake.yaml"),
+            "--output_dir",
+            tempfile.mkdtemp(),
+            "--report_path",
+            tempfile.mktemp(suffix=".json"),
+            "--max_steps",
+            "4",
+            "--warm_start_episodes",
+            "64",
+            "--num_eval_episodes",
+            "256",
+            "--disable_tqdm",
+            "true",
+        ],
+        check=True,
+        capture_output=True,
     )
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 

@@ -53,11 +53,27 @@ def main() -> dict:
         procs = {}
         for whiten in ("true", "false"):
             out = OUT / f"{name}-whiten-{whiten}"
-            cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "recipes/demo-cpu-frozenlake-ppo.yaml"), *extra,
-                   "--whiten_advantages", whiten, "--output_dir", str(out), "--report_path", f"{out}.report.json",
-                   "--disable_tqdm", "true"]
+            cmd = [
+                sys.executable,
+                str(ROOT / "train.py"),
+                "--config",
+                str(ROOT / "recipes/demo-cpu-frozenlake-ppo.yaml"),
+                *extra,
+                "--whiten_advantages",
+                whiten,
+                "--output_dir",
+                str(out),
+                "--report_path",
+                f"{out}.report.json",
+                "--disable_tqdm",
+                "true",
+            ]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            procs[whiten] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{out}.log", "w")), time.time(), out)
+            procs[whiten] = (
+                subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{out}.log", "w")),
+                time.time(),
+                out,
+            )
         for whiten, (proc, start, out) in procs.items():
             if proc.wait() != 0:
                 raise RuntimeError(f"{name} whiten={whiten} failed: see {out}.log")

@@ -29,7 +29,10 @@ ENV_IDS: dict[str, tuple[str, dict]] = {
     "starpo/BanditSymbolic-v0": ("envs.bandit:BanditEnv", {"arm_names": ("Phoenix", "Dragon"), "show_payouts": False}),
     "starpo/BanditSymbolicTest-v0": (
         "envs.bandit:BanditEnv",
-        {"arm_names": [("Turtle", "Shark"), ("Bank", "Casino"), ("Shield", "Sword"), ("Oak", "Storm")], "show_payouts": False},
+        {
+            "arm_names": [("Turtle", "Shark"), ("Bank", "Casino"), ("Shield", "Sword"), ("Oak", "Storm")],
+            "show_payouts": False,
+        },
     ),
     "starpo/Sokoban-v0": ("envs.sokoban:SokobanEnv", {}),
     "starpo/SokobanAlt-v0": ("envs.sokoban:SokobanEnv", {"symbols": "alt"}),

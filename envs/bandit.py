@@ -67,12 +67,16 @@ class BanditEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(render_mode)
-        pairs = [tuple(p) for p in arm_names] if arm_names and not isinstance(arm_names[0], str) else [tuple(arm_names)]
+        pairs = (
+            [tuple(p) for p in arm_names] if arm_names and not isinstance(arm_names[0], str) else [tuple(arm_names)]
+        )
         for pair in pairs:
             if len(pair) != 2 or pair[0].lower() == pair[1].lower():
                 raise ValueError(f"arm_names must be two different names (or a list of such pairs), got {arm_names!r}")
         if len(pairs) > 1 and show_payouts:
-            raise ValueError("several arm-name pairs are for the names-only form: set show_payouts=False, or give one pair.")
+            raise ValueError(
+                "several arm-name pairs are for the names-only form: set show_payouts=False, or give one pair."
+            )
         if not 0 <= risky_prob <= 1:
             raise ValueError(f"risky_prob must be in [0, 1], got {risky_prob}")
         self.pairs, self.show_payouts = pairs, show_payouts
@@ -123,8 +127,12 @@ class BanditEnv(TextEnv):
         idx = self.match_action(action)
         if self.pulled is not None or idx is None:
             done = self.pulled is not None
-            return self.render_text(), 0.0, done, self.steps >= self.max_steps and not done, step_info(
-                done and self.pulled == self.best_arm, idx is not None, False
+            return (
+                self.render_text(),
+                0.0,
+                done,
+                self.steps >= self.max_steps and not done,
+                step_info(done and self.pulled == self.best_arm, idx is not None, False),
             )
         self.pulled = idx
         if idx == self.risky:

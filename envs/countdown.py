@@ -74,7 +74,12 @@ def _search(items, target):
     for i, j in combinations(range(len(items)), 2):
         (a, ea), (b, eb) = items[i], items[j]
         rest = [items[k] for k in range(len(items)) if k not in (i, j)]
-        candidates = [(a + b, f"({ea} + {eb})"), (a * b, f"{ea} * {eb}"), (a - b, f"({ea} - {eb})"), (b - a, f"({eb} - {ea})")]
+        candidates = [
+            (a + b, f"({ea} + {eb})"),
+            (a * b, f"{ea} * {eb}"),
+            (a - b, f"({ea} - {eb})"),
+            (b - a, f"({eb} - {ea})"),
+        ]
         if b != 0:
             candidates.append((a / b, f"{ea} / {eb}"))
         if a != 0:
@@ -108,7 +113,9 @@ def score_answer(answer: str, numbers: list[int], target: int) -> tuple[float, b
 class CountdownEnv(TextEnv):
     action_names = None
 
-    def __init__(self, num_numbers=(3, 4), max_number: int = 20, max_target: int = 100, render_mode: str | None = None):
+    def __init__(
+        self, num_numbers=(3, 4), max_number: int = 20, max_target: int = 100, render_mode: str | None = None
+    ):
         super().__init__(render_mode)
         self.counts = [num_numbers] if isinstance(num_numbers, int) else list(num_numbers)
         if not self.counts or min(self.counts) < 2:

@@ -102,7 +102,13 @@ class FrozenLakeEnv(TextEnv):
             self.done = terminated
         success = self._cell(self.state) == "G"
         truncated = not terminated and self.steps >= self.max_steps
-        return self.render_text(), float(reward), bool(terminated), truncated, step_info(success, idx is not None, effective)
+        return (
+            self.render_text(),
+            float(reward),
+            bool(terminated),
+            truncated,
+            step_info(success, idx is not None, effective),
+        )
 
     def _cell(self, s: int) -> str:
         ncol = len(self.desc_rows[0])

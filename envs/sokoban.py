@@ -55,8 +55,24 @@ ACTIONS = list(MOVES)
 MAX_ATTEMPTS = 20
 
 SYMBOLS = {
-    "paper": {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√", "player": "P", "player_on_target": "S"},
-    "alt": {"wall": "W", "floor": ".", "target": "T", "box": "B", "box_on_target": "b", "player": "A", "player_on_target": "a"},
+    "paper": {
+        "wall": "#",
+        "floor": "_",
+        "target": "O",
+        "box": "X",
+        "box_on_target": "√",
+        "player": "P",
+        "player_on_target": "S",
+    },
+    "alt": {
+        "wall": "W",
+        "floor": ".",
+        "target": "T",
+        "box": "B",
+        "box_on_target": "b",
+        "player": "A",
+        "player_on_target": "a",
+    },
 }
 LEGEND = {
     "wall": "wall",
@@ -86,7 +102,9 @@ def generate_room(dim: tuple[int, int], num_boxes: int, seed: int, max_solution_
         if state is not None:
             boxes, player = state
             return fixed, boxes, player
-    raise RuntimeError(f"no Sokoban room found for seed {seed} in {MAX_ATTEMPTS} attempts (dim={dim}, boxes={num_boxes})")
+    raise RuntimeError(
+        f"no Sokoban room found for seed {seed} in {MAX_ATTEMPTS} attempts (dim={dim}, boxes={num_boxes})"
+    )
 
 
 def _carve(dim, rng, min_floor):

@@ -78,7 +78,13 @@ class GymTextEnv(TextEnv):
             success = self.success_fn(float(reward), bool(terminated), info)
             self.done = bool(terminated)
         truncated = not terminated and self.steps >= self.max_steps
-        return self.render_text(), float(reward), bool(terminated), truncated, step_info(success, idx is not None, effective)
+        return (
+            self.render_text(),
+            float(reward),
+            bool(terminated),
+            truncated,
+            step_info(success, idx is not None, effective),
+        )
 
     def render_text(self) -> str:
         text = ANSI_ESCAPE.sub("", self.env.render()).rstrip("\n")

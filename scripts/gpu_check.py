@@ -12,7 +12,6 @@ with random weights and the project's offline tokenizer, so nothing is downloade
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 import tempfile
@@ -31,9 +30,18 @@ def make_model(path: str, hidden: int = 896, layers: int = 24, heads: int = 14, 
 
     tok = build_tiny_tokenizer()
     config = Qwen2Config(
-        vocab_size=(len(tok) + 63) // 64 * 64, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
-        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+        vocab_size=(len(tok) + 63) // 64 * 64,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
         torch_dtype="bfloat16",
     )
     torch.manual_seed(0)
@@ -50,9 +58,22 @@ def _args(out: str, **kw):
     from starpo_trl import StarPOConfig
 
     base = dict(
-        output_dir=out, env_id="starpo/Sokoban-v0", num_start_states=4, num_generations=4, rollout_filter_ratio=1.0,
-        per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=2, max_turns=3, max_tokens_per_turn=48,
-        max_episode_tokens=1024, report_to=[], save_strategy="no", bf16=True, disable_tqdm=True, collapse_guard="off",
+        output_dir=out,
+        env_id="starpo/Sokoban-v0",
+        num_start_states=4,
+        num_generations=4,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        max_turns=3,
+        max_tokens_per_turn=48,
+        max_episode_tokens=1024,
+        report_to=[],
+        save_strategy="no",
+        bf16=True,
+        disable_tqdm=True,
+        collapse_guard="off",
     )
     base.update(kw)
     return StarPOConfig(**base)
@@ -68,7 +89,13 @@ def vllm_rollout(path: str) -> dict:
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    args = _args(tempfile.mkdtemp(), use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_max_model_length=2048)
+    args = _args(
+        tempfile.mkdtemp(),
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3,
+        vllm_max_model_length=2048,
+    )
     trainer = MultiTurnStarPOTrainer(model, args, processing_class=tok)
     starts = trainer._starts(range(16), args.env_id, args.env_kwargs)
     t0 = time.time()
@@ -83,11 +110,18 @@ def vllm_rollout(path: str) -> dict:
     model_tokens = (batch["completion_mask"] * batch["tool_mask"]).bool()
     diff = (logps - batch["sampling_per_token_logps"]).abs()[model_tokens]
     # the sampled ids are the ids the loss sees: env tokens sit exactly where the engine put them
-    exact = all(ep.completion_ids[: len(ep.env_mask)] == batch["completion_ids"][i, : len(ep.env_mask)].tolist() for i, ep in enumerate(episodes))
+    exact = all(
+        ep.completion_ids[: len(ep.env_mask)] == batch["completion_ids"][i, : len(ep.env_mask)].tolist()
+        for i, ep in enumerate(episodes)
+    )
     result = {
-        "episodes": len(episodes), "mean_turns": sum(ep.num_turns for ep in episodes) / len(episodes),
-        "model_tokens": int(model_tokens.sum()), "logprob_abs_diff_mean": diff.mean().item(), "logprob_abs_diff_max": diff.max().item(),
-        "token_ids_exact": exact, "rollout_seconds": round(seconds, 2),
+        "episodes": len(episodes),
+        "mean_turns": sum(ep.num_turns for ep in episodes) / len(episodes),
+        "model_tokens": int(model_tokens.sum()),
+        "logprob_abs_diff_mean": diff.mean().item(),
+        "logprob_abs_diff_max": diff.max().item(),
+        "token_ids_exact": exact,
+        "rollout_seconds": round(seconds, 2),
     }
     result["ok"] = exact and result["mean_turns"] > 1 and result["logprob_abs_diff_mean"] < 0.05
     print(json.dumps(result))
@@ -101,9 +135,14 @@ def memory(path: str, mode: str | None = None) -> dict:
     if mode is None:
         rows = {}
         for m in ("lora", "full"):
-            out = subprocess.run([sys.executable, __file__, "memory", path, m], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "memory", path, m], capture_output=True, text=True, check=True
+            )
             rows[m] = json.loads(out.stdout.strip().splitlines()[-1])
-        result = {"peak_gib": {m: r["peak_gib"] for m, r in rows.items()}, "lora_vs_full_ratio": rows["lora"]["peak_gib"] / rows["full"]["peak_gib"]}
+        result = {
+            "peak_gib": {m: r["peak_gib"] for m, r in rows.items()},
+            "lora_vs_full_ratio": rows["lora"]["peak_gib"] / rows["full"]["peak_gib"],
+        }
         print(json.dumps(result))
         return result
     import torch
@@ -114,8 +153,12 @@ def memory(path: str, mode: str | None = None) -> dict:
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    peft = LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM") if mode == "lora" else None
-    trainer = MultiTurnStarPOTrainer(model, _args(tempfile.mkdtemp(), gradient_checkpointing=True), processing_class=tok, peft_config=peft)
+    peft = (
+        LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM") if mode == "lora" else None
+    )
+    trainer = MultiTurnStarPOTrainer(
+        model, _args(tempfile.mkdtemp(), gradient_checkpointing=True), processing_class=tok, peft_config=peft
+    )
     torch.cuda.reset_peak_memory_stats()
     trainer.train()
     print(json.dumps({"mode": mode, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}))
@@ -124,9 +167,8 @@ def memory(path: str, mode: str | None = None) -> dict:
 
 def record(log_dir: str) -> None:
     """Collect the JSON lines the checks printed into benchmarks/results.json (section gpu_check)."""
-    from report import store
-
     import torch
+    from report import store
 
     logs = pathlib.Path(log_dir)
     section = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}

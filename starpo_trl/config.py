@@ -4,23 +4,39 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from starpo_trl.advantages import num_kept_groups
+from starpo_trl.algorithms import get_estimator, num_kept_groups
+from starpo_trl.rollout import RolloutConfig
+from starpo_trl.rollout.shaping import ThinkShaping
 
 FILTER_METRICS = ("std", "std_rev", "none")
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "gae", "bilevel_gae", "turn_gae")
-CRITIC_ESTIMATORS = ("gae", "bilevel_gae", "turn_gae")
 # our names for how per-token losses are averaged -> the TRL loss_type that aggregates that way
 # The settings that decide how an episode is played and evaluated: saved next to a trained model
 # (ROLLOUT_SETTINGS_FILE), so evaluate.py plays it exactly as the trainer's held-out evaluation did.
 ROLLOUT_SETTINGS = (
-    "env_id", "env_kwargs", "eval_env_id", "eval_env_kwargs", "eval_seed_offset", "num_eval_episodes", "eval_temperature",
-    "max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_tokens_per_turn", "max_episode_tokens",
-    "enable_think", "format_penalty", "env_step_timeout", "env_runner",
-    "think_bonus", "think_min_words", "think_max_words", "think_copy_penalty",
+    "env_id",
+    "env_kwargs",
+    "eval_env_id",
+    "eval_env_kwargs",
+    "eval_seed_offset",
+    "num_eval_episodes",
+    "eval_temperature",
+    "max_turns",
+    "max_actions_per_turn",
+    "max_actions_per_episode",
+    "max_tokens_per_turn",
+    "max_episode_tokens",
+    "enable_think",
+    "format_penalty",
+    "env_step_timeout",
+    "env_runner",
+    "think_bonus",
+    "think_min_words",
+    "think_max_words",
+    "think_copy_penalty",
 )
 ROLLOUT_SETTINGS_FILE = "starpo_rollout.json"
 LOSS_AGGREGATION = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum": "luspo"}
@@ -63,7 +79,7 @@ class StarPOConfig(GRPOConfig):
         env_step_timeout (`float` or `None`): seconds an env reset/step may take; a slower one ends
             its episode and its worker process is killed (needs `env_runner="processes"`, the default
             when a timeout is set). `None`: no limit.
-        env_runner (`str` or `None`): where env calls run (`starpo_trl.env_runner`): `inline` (in the
+        env_runner (`str` or `None`): where env calls run (`starpo_trl.rollout.env_runner`): `inline` (in the
             trainer's process, one episode after another), `threads` (the episodes of a turn stepped
             concurrently on threads: I/O-bound envs), `processes` (each env in a worker process, stepped
             concurrently; a call past `env_step_timeout` kills its worker). `None`: `processes` when
@@ -73,7 +89,7 @@ class StarPOConfig(GRPOConfig):
             or `failure_reward` (trained on, with reward `env_failure_reward`, default 0.0).
         vllm_lora_sync (`bool`, False): with LoRA and `vllm_mode="colocate"`, push only the adapter
             to vLLM before each rollout (vLLM's LoRA support) instead of TRL's merged full weights
-            (see `starpo_trl.vllm_lora`). Not with `vllm_enable_sleep_mode`.
+            (see `starpo_trl.rollout.lora_sync`). Not with `vllm_enable_sleep_mode`.
 
         > StarPO-S
 
@@ -115,7 +131,7 @@ class StarPOConfig(GRPOConfig):
             failed in `reset`) is skipped: no optimizer update, `rollout/empty_step` logged as 1. After
             this many such steps in a row training stops with an error.
 
-        > Collapse guard (see `starpo_trl.guard`)
+        > Collapse guard (see `starpo_trl.monitoring.guard`)
 
         collapse_guard (`str`, `"warn"`): `off`, `warn` (log the event), `stop` (also save the last
             healthy weights to `output_dir/last-healthy` and stop) or `rollback` (also load them back
@@ -144,10 +160,16 @@ class StarPOConfig(GRPOConfig):
         to `MultiTurnStarPOTrainer`.
     """
 
-    env_id: str | None = field(default=None, metadata={"help": "Gymnasium id of the training env, e.g. starpo/Sokoban-v0."})
-    env_kwargs: dict | str | None = field(default=None, metadata={"help": "Kwargs for gymnasium.make(env_id) (dict or JSON string)."})
+    env_id: str | None = field(
+        default=None, metadata={"help": "Gymnasium id of the training env, e.g. starpo/Sokoban-v0."}
+    )
+    env_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Kwargs for gymnasium.make(env_id) (dict or JSON string)."}
+    )
     eval_env_id: str | None = field(default=None, metadata={"help": "Env for held-out evaluation (default: env_id)."})
-    eval_env_kwargs: dict | str | None = field(default=None, metadata={"help": "Kwargs for the eval env (default: env_kwargs)."})
+    eval_env_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Kwargs for the eval env (default: env_kwargs)."}
+    )
     num_start_states: int = field(default=8, metadata={"help": "Start states (groups) per rollout step."})
     train_seed_offset: int = field(default=0, metadata={"help": "First training seed."})
     num_train_seeds: int = field(default=100_000, metadata={"help": "Number of distinct training start states."})
@@ -158,53 +180,106 @@ class StarPOConfig(GRPOConfig):
     max_actions_per_turn: int = field(default=5, metadata={"help": "Maximum actions executed per turn."})
     max_actions_per_episode: int = field(default=10, metadata={"help": "Maximum actions executed per episode."})
     max_tokens_per_turn: int = field(default=256, metadata={"help": "Maximum tokens generated in one turn."})
-    max_episode_tokens: int = field(default=2048, metadata={"help": "Maximum completion tokens (model + env) per episode."})
+    max_episode_tokens: int = field(
+        default=2048, metadata={"help": "Maximum completion tokens (model + env) per episode."}
+    )
     enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
-    format_penalty: float = field(default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."})
+    format_penalty: float = field(
+        default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."}
+    )
     eval_temperature: float = field(default=0.5, metadata={"help": "Sampling temperature for held-out evaluation."})
-    num_sample_episodes: int = field(default=4, metadata={"help": "Episodes per step in the completions table (log_completions)."})
-    env_step_timeout: float | None = field(default=None, metadata={"help": "Seconds an env reset/step may take (None: no limit)."})
-    env_runner: str | None = field(default=None, metadata={"help": "inline, threads or processes (None: processes with env_step_timeout, else inline)."})
-    env_error_policy: str = field(default="exclude", metadata={"help": "exclude or failure_reward, for episodes whose env failed."})
-    env_failure_reward: float = field(default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."})
-    vllm_lora_sync: bool = field(default=False, metadata={"help": "LoRA + vLLM colocate: push only the adapter to vLLM each step."})
+    num_sample_episodes: int = field(
+        default=4, metadata={"help": "Episodes per step in the completions table (log_completions)."}
+    )
+    env_step_timeout: float | None = field(
+        default=None, metadata={"help": "Seconds an env reset/step may take (None: no limit)."}
+    )
+    env_runner: str | None = field(
+        default=None,
+        metadata={"help": "inline, threads or processes (None: processes with env_step_timeout, else inline)."},
+    )
+    env_error_policy: str = field(
+        default="exclude", metadata={"help": "exclude or failure_reward, for episodes whose env failed."}
+    )
+    env_failure_reward: float = field(
+        default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."}
+    )
+    vllm_lora_sync: bool = field(
+        default=False, metadata={"help": "LoRA + vLLM colocate: push only the adapter to vLLM each step."}
+    )
 
-    rollout_filter_ratio: float = field(default=0.25, metadata={"help": "Share of groups kept by the variance filter."})
+    rollout_filter_ratio: float = field(
+        default=0.25, metadata={"help": "Share of groups kept by the variance filter."}
+    )
     rollout_filter_metric: str = field(default="std", metadata={"help": "Filter ranking: std, std_rev or none."})
 
     advantage_estimator: str = field(default="grpo", metadata={"help": "grpo, rloo, gae, bilevel_gae or turn_gae."})
     gamma: float = field(default=1.0, metadata={"help": "Token-level GAE discount."})
     lam: float = field(default=1.0, metadata={"help": "Token-level GAE lambda."})
     turn_gamma: float = field(default=0.95, metadata={"help": "Turn-level discount of bi-level GAE."})
-    turn_lambda: float | None = field(default=None, metadata={"help": "Turn-level lambda of bi-level GAE (default: lam)."})
+    turn_lambda: float | None = field(
+        default=None, metadata={"help": "Turn-level lambda of bi-level GAE (default: lam)."}
+    )
     use_turn_rewards: bool = field(default=False, metadata={"help": "Each turn's reward on its last model token."})
-    reward_normalization: str = field(default="identity", metadata={"help": "identity, mean, mean_std or asym_clip (after filtering)."})
+    reward_normalization: str = field(
+        default="identity", metadata={"help": "identity, mean, mean_std or asym_clip (after filtering)."}
+    )
     reward_norm_scope: str = field(default="group", metadata={"help": "Normalise rewards per group or per batch."})
-    critic_type: str = field(default="full", metadata={"help": "full (copy of the policy) or lora (value adapter, needs PEFT)."})
+    critic_type: str = field(
+        default="full", metadata={"help": "full (copy of the policy) or lora (value adapter, needs PEFT)."}
+    )
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_clip: float | None = field(default=0.5, metadata={"help": "Value clipping range (None: no clipping)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "First steps train only the critic."})
-    whiten_advantages: bool = field(default=True, metadata={"help": "Whiten critic advantages over the batch's model tokens."})
-    value_loss_tokens: str = field(default="all", metadata={"help": "Critic trained on all model tokens or only turn_ends."})
-    max_empty_steps: int = field(default=5, metadata={"help": "Stop after this many steps in a row with no model token to train on."})
-    critic_epochs: int = field(default=1, metadata={"help": "Critic passes over each rollout batch, in shuffled micro-batches."})
-    loss_aggregation: str | None = field(default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."})
+    whiten_advantages: bool = field(
+        default=True, metadata={"help": "Whiten critic advantages over the batch's model tokens."}
+    )
+    value_loss_tokens: str = field(
+        default="all", metadata={"help": "Critic trained on all model tokens or only turn_ends."}
+    )
+    max_empty_steps: int = field(
+        default=5, metadata={"help": "Stop after this many steps in a row with no model token to train on."}
+    )
+    critic_epochs: int = field(
+        default=1, metadata={"help": "Critic passes over each rollout batch, in shuffled micro-batches."}
+    )
+    loss_aggregation: str | None = field(
+        default=None, metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum."}
+    )
 
     collapse_guard: str = field(default="warn", metadata={"help": "off, warn, stop or rollback."})
-    collapse_guard_warmup_steps: int = field(default=10, metadata={"help": "Logs that define each signal's early level."})
+    collapse_guard_warmup_steps: int = field(
+        default=10, metadata={"help": "Logs that define each signal's early level."}
+    )
     collapse_guard_smoothing: float = field(default=0.3, metadata={"help": "EMA weight of the newest value."})
-    collapse_guard_reward_std_fraction: float = field(default=0.4, metadata={"help": "Warn below this fraction of the early in-group reward std."})
-    collapse_guard_entropy_fraction: float = field(default=0.4, metadata={"help": "Warn below this fraction of the early entropy."})
-    collapse_guard_grad_norm_spike: float = field(default=5.0, metadata={"help": "Warn when grad norm exceeds this many times its running mean."})
-    collapse_guard_diversity_fraction: float = field(default=0.5, metadata={"help": "Warn below this fraction of the early distinct-2 of think texts."})
-    collapse_guard_diversity_floor: float = field(default=0.0, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below (0: off)."})
+    collapse_guard_reward_std_fraction: float = field(
+        default=0.4, metadata={"help": "Warn below this fraction of the early in-group reward std."}
+    )
+    collapse_guard_entropy_fraction: float = field(
+        default=0.4, metadata={"help": "Warn below this fraction of the early entropy."}
+    )
+    collapse_guard_grad_norm_spike: float = field(
+        default=5.0, metadata={"help": "Warn when grad norm exceeds this many times its running mean."}
+    )
+    collapse_guard_diversity_fraction: float = field(
+        default=0.5, metadata={"help": "Warn below this fraction of the early distinct-2 of think texts."}
+    )
+    collapse_guard_diversity_floor: float = field(
+        default=0.0, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below (0: off)."}
+    )
     collapse_guard_patience: int = field(default=2, metadata={"help": "Logs in a row a rule must hold to warn."})
-    collapse_guard_snapshot_steps: int = field(default=5, metadata={"help": "Healthy steps between CPU snapshots (stop/rollback)."})
+    collapse_guard_snapshot_steps: int = field(
+        default=5, metadata={"help": "Healthy steps between CPU snapshots (stop/rollback)."}
+    )
 
-    think_bonus: float = field(default=0.0, metadata={"help": "Reward for a think text within the word bounds (0: off)."})
+    think_bonus: float = field(
+        default=0.0, metadata={"help": "Reward for a think text within the word bounds (0: off)."}
+    )
     think_min_words: int = field(default=1, metadata={"help": "Fewest words of a think text that earns think_bonus."})
     think_max_words: int = field(default=100, metadata={"help": "Most words of a think text that earns think_bonus."})
-    think_copy_penalty: float = field(default=0.0, metadata={"help": "Penalty for repeating the previous turn's think verbatim (0: off)."})
+    think_copy_penalty: float = field(
+        default=0.0, metadata={"help": "Penalty for repeating the previous turn's think verbatim (0: off)."}
+    )
 
     # StarPO-S defaults for fields GRPOConfig already has
     num_generations: int | None = field(default=16, metadata={"help": "Trajectories per start state (group size)."})
@@ -214,7 +289,9 @@ class StarPOConfig(GRPOConfig):
     learning_rate: float = field(default=1e-6, metadata={"help": "Actor learning rate (paper: 1e-6 full, 1e-5 LoRA)."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule."})
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Trajectories per forward/backward micro-batch before filtering."})
+    per_device_train_batch_size: int = field(
+        default=16, metadata={"help": "Trajectories per forward/backward micro-batch before filtering."}
+    )
     gradient_accumulation_steps: int = field(default=8, metadata={"help": "Micro-batches per optimizer step."})
     max_steps: int = field(default=200, metadata={"help": "Training steps (rollout + update)."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
@@ -230,13 +307,17 @@ class StarPOConfig(GRPOConfig):
                     raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}: {err}") from None
                 setattr(self, name, value)
             if value is not None and not isinstance(value, dict):
-                raise ValueError(f"{name} must be a JSON object of keyword arguments, e.g. '{{\"is_slippery\": false}}', got {value!r}")
+                raise ValueError(
+                    f"{name} must be a JSON object of keyword arguments, e.g. '{{\"is_slippery\": false}}', got {value!r}"
+                )
         self.env_kwargs = dict(self.env_kwargs or {})
-        self.eval_env_kwargs = dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
+        self.eval_env_kwargs = (
+            dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
+        )
         self.eval_env_id = self.eval_env_id or self.env_id
         self._check_ranges()
         if self.env_id is not None:
-            from starpo_trl.envs_registry import check_env_contract, check_env_id
+            from envs.contract import check_env_contract, check_env_id
 
             check_env_id(self.env_id, "env_id")
             check_env_id(self.eval_env_id, "eval_env_id")
@@ -244,7 +325,7 @@ class StarPOConfig(GRPOConfig):
             check_env_contract(self.eval_env_id, self.eval_env_kwargs, "eval_env_id")
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
-        from starpo_trl.env_runner import RUNNERS
+        from starpo_trl.rollout.env_runner import RUNNERS
 
         if self.env_runner is not None and self.env_runner not in RUNNERS:
             raise ValueError(f"env_runner must be one of {RUNNERS} (or unset), got {self.env_runner!r}")
@@ -256,26 +337,38 @@ class StarPOConfig(GRPOConfig):
         if self.value_loss_tokens not in ("all", "turn_ends"):
             raise ValueError(f"value_loss_tokens must be 'all' or 'turn_ends', got {self.value_loss_tokens!r}")
         if self.rollout_filter_metric not in FILTER_METRICS:
-            raise ValueError(f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}")
+            raise ValueError(
+                f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}"
+            )
         if not 0.0 < self.rollout_filter_ratio <= 1.0:
             raise ValueError(
                 f"rollout_filter_ratio={self.rollout_filter_ratio} keeps no group: use a value in (0, 1] "
                 "(0.25 keeps the top quarter of groups; 1.0 disables the filter)."
             )
-        for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_tokens_per_turn", "max_episode_tokens", "num_start_states"):
+        for name in (
+            "max_turns",
+            "max_actions_per_turn",
+            "max_actions_per_episode",
+            "max_tokens_per_turn",
+            "max_episode_tokens",
+            "num_start_states",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_completion_length is None or self.max_completion_length < self.max_episode_tokens:
             self.max_completion_length = self.max_episode_tokens
-        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}")
+        get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
         if self.reward_normalization not in ("identity", "mean", "mean_std", "asym_clip"):
-            raise ValueError(f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}")
+            raise ValueError(
+                f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}"
+            )
         if self.reward_norm_scope not in ("group", "batch"):
             raise ValueError(f"reward_norm_scope must be group or batch, got {self.reward_norm_scope!r}")
         if self.use_turn_rewards and self.reward_normalization == "asym_clip":
-            raise ValueError("reward_normalization='asym_clip' cannot be split over turns: use mean_std with use_turn_rewards, or turn rewards off.")
-        from starpo_trl.guard import GUARD_ACTIONS
+            raise ValueError(
+                "reward_normalization='asym_clip' cannot be split over turns: use mean_std with use_turn_rewards, or turn rewards off."
+            )
+        from starpo_trl.monitoring.guard import GUARD_ACTIONS
 
         if self.collapse_guard not in GUARD_ACTIONS:
             raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {self.collapse_guard!r}")
@@ -285,9 +378,13 @@ class StarPOConfig(GRPOConfig):
         if not 0.0 < self.collapse_guard_smoothing <= 1.0:
             raise ValueError(f"collapse_guard_smoothing must be in (0, 1], got {self.collapse_guard_smoothing}")
         if self.think_bonus < 0 or self.think_copy_penalty < 0:
-            raise ValueError("think_bonus and think_copy_penalty are magnitudes: give them >= 0 (the penalty is subtracted).")
+            raise ValueError(
+                "think_bonus and think_copy_penalty are magnitudes: give them >= 0 (the penalty is subtracted)."
+            )
         if not 0 <= self.think_min_words <= self.think_max_words:
-            raise ValueError(f"need 0 <= think_min_words <= think_max_words, got {self.think_min_words} and {self.think_max_words}")
+            raise ValueError(
+                f"need 0 <= think_min_words <= think_max_words, got {self.think_min_words} and {self.think_max_words}"
+            )
         if self.critic_type not in ("full", "lora"):
             raise ValueError(f"critic_type must be full or lora, got {self.critic_type!r}")
         if self.vllm_lora_sync and not (self.use_vllm and self.vllm_mode == "colocate"):
@@ -296,12 +393,16 @@ class StarPOConfig(GRPOConfig):
                 "(trl vllm-serve cannot load adapters), or leave vllm_lora_sync=False."
             )
         if self.vllm_lora_sync and self.vllm_enable_sleep_mode:
-            raise ValueError("vllm_lora_sync cannot be combined with vllm_enable_sleep_mode (waking re-pushes merged weights): turn one off.")
+            raise ValueError(
+                "vllm_lora_sync cannot be combined with vllm_enable_sleep_mode (waking re-pushes merged weights): turn one off."
+            )
         if self.critic_epochs < 1:
             raise ValueError(f"critic_epochs must be at least 1, got {self.critic_epochs}")
         if self.loss_aggregation is not None:
             if self.loss_aggregation not in LOSS_AGGREGATION:
-                raise ValueError(f"loss_aggregation must be one of {sorted(LOSS_AGGREGATION)}, got {self.loss_aggregation!r}")
+                raise ValueError(
+                    f"loss_aggregation must be one of {sorted(LOSS_AGGREGATION)}, got {self.loss_aggregation!r}"
+                )
             self.loss_type = LOSS_AGGREGATION[self.loss_aggregation]
         if self.bf16 is None and not self.fp16:
             import torch
@@ -319,7 +420,9 @@ class StarPOConfig(GRPOConfig):
             )
         # The filter ranks the groups of the whole gathered batch; the kept trajectories are then dealt
         # out evenly, so every process gets the same number of rows and splits them into equal micro-batches.
-        kept_groups = num_kept_groups(groups, self.rollout_filter_ratio if self.rollout_filter_metric != "none" else 1.0)
+        kept_groups = num_kept_groups(
+            groups, self.rollout_filter_ratio if self.rollout_filter_metric != "none" else 1.0
+        )
         kept = kept_groups * self.num_generations
         share = kept // self.world_size
         if kept % self.world_size or share < self.steps_per_generation or share % self.steps_per_generation:
@@ -348,16 +451,24 @@ class StarPOConfig(GRPOConfig):
         if self.value_clip is not None and not self.value_clip > 0:
             raise ValueError(f"value_clip must be positive (or None for no clipping), got {self.value_clip}")
         if not self.format_penalty <= 0:
-            raise ValueError(f"format_penalty is added to the turn's reward: give it <= 0 (e.g. -0.1), got {self.format_penalty}")
-        if self.env_step_timeout is not None and not (self.env_step_timeout > 0 and math.isfinite(self.env_step_timeout)):
-            raise ValueError(f"env_step_timeout must be a finite number of seconds > 0, or None for no limit, got {self.env_step_timeout}")
+            raise ValueError(
+                f"format_penalty is added to the turn's reward: give it <= 0 (e.g. -0.1), got {self.format_penalty}"
+            )
+        if self.env_step_timeout is not None and not (
+            self.env_step_timeout > 0 and math.isfinite(self.env_step_timeout)
+        ):
+            raise ValueError(
+                f"env_step_timeout must be a finite number of seconds > 0, or None for no limit, got {self.env_step_timeout}"
+            )
         for name in ("num_eval_episodes", "num_train_seeds", "max_empty_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.critic_warmup_steps < 0:
             raise ValueError(f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
         if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(f"max_steps must be >= 1 (or -1 to train num_train_epochs epochs over num_train_seeds), got {self.max_steps}")
+            raise ValueError(
+                f"max_steps must be >= 1 (or -1 to train num_train_epochs epochs over num_train_seeds), got {self.max_steps}"
+            )
         # The recorded sampling logprobs and TRL's loss are log_softmax(logits / temperature): sampling
         # from any other distribution (HF or vLLM) would make every importance ratio wrong.
         neutral = {"top_k": (0, None), "top_p": (1.0,), "min_p": (None, 0.0), "repetition_penalty": (1.0,)}
@@ -367,13 +478,72 @@ class StarPOConfig(GRPOConfig):
                     f"{name}={getattr(self, name)!r}: episodes are sampled from softmax(logits / temperature), the distribution "
                     f"the loss trains on; a {name} would sample from another one. Leave {name} at {values[0]!r}."
                 )
-        changing = {"top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-                    "bad_words", "allowed_token_ids", "min_tokens", "typical_p", "no_repeat_ngram_size", "suppress_tokens"}
-        extra = json.loads(self.generation_kwargs) if isinstance(self.generation_kwargs, str) else self.generation_kwargs
+        changing = {
+            "top_k",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "logit_bias",
+            "bad_words",
+            "allowed_token_ids",
+            "min_tokens",
+            "typical_p",
+            "no_repeat_ngram_size",
+            "suppress_tokens",
+        }
+        extra = (
+            json.loads(self.generation_kwargs) if isinstance(self.generation_kwargs, str) else self.generation_kwargs
+        )
         bad = sorted(changing & set(extra or {}))
         if bad:
-            raise ValueError(f"generation_kwargs sets {bad}, which change the sampling distribution away from the one the loss trains on: remove them.")
+            raise ValueError(
+                f"generation_kwargs sets {bad}, which change the sampling distribution away from the one the loss trains on: remove them."
+            )
 
     def rollout_settings(self) -> dict:
         """The settings in ``ROLLOUT_SETTINGS``, as saved next to a trained model."""
         return {name: getattr(self, name) for name in ROLLOUT_SETTINGS}
+
+
+@dataclass
+class RunArguments:
+    """The arguments of ``train.py`` beyond ``StarPOConfig`` and TRL's ``ModelConfig``: the warm start,
+    the evaluation before RL, the report and the critic's initial weights."""
+
+    warm_start_episodes: int = field(
+        default=0, metadata={"help": "Noisy-expert episodes for warm-start SFT (0: no warm start)."}
+    )
+    warm_start_noise: float = field(
+        default=0.3, metadata={"help": "Probability that the expert's action is replaced by a random one."}
+    )
+    warm_start_actions_per_turn: int = field(default=1, metadata={"help": "Actions the expert writes per turn."})
+    warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
+    warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
+    warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
+    eval_before: bool = field(default=True, metadata={"help": "Evaluate on held-out seeds before RL."})
+    report_path: str | None = field(default=None, metadata={"help": "Append this run's result to a JSON report here."})
+    critic_init: str = field(
+        default="policy",
+        metadata={
+            "help": "Weights of a full critic: 'policy' (as RL starts, after any warm start), 'pre_warm_start' (the model as loaded), or a model id/dir."
+        },
+    )
+    rank_summary: bool = field(
+        default=False,
+        metadata={
+            "help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."
+        },
+    )
+
+
+def rollout_config(args) -> RolloutConfig:
+    """The episode engine's settings from a ``StarPOConfig`` (or any object with its fields): every
+    ``RolloutConfig`` field is read from the config field of the same name, and each ``ThinkShaping``
+    field ``x`` from ``think_x``."""
+    shaping = ThinkShaping(**{f.name: getattr(args, f"think_{f.name}") for f in fields(ThinkShaping)})
+    return RolloutConfig(
+        **{f.name: getattr(args, f.name) for f in fields(RolloutConfig) if f.name != "think_shaping"},
+        think_shaping=shaping,
+    )

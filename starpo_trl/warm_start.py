@@ -17,8 +17,13 @@ from datasets import Dataset
 
 from envs.base import noisy_expert_action
 from starpo_trl.models import eos_token_ids
-from starpo_trl.prompting import ACTION_SEPARATOR, SYSTEM_PROMPT, first_user_message, turn_message
 from starpo_trl.rollout import ChatFormat, RolloutConfig
+from starpo_trl.rollout.prompting import (
+    ACTION_SEPARATOR,
+    SYSTEM_PROMPT,
+    first_user_message,
+    turn_message,
+)
 
 
 def expert_reply(actions: list[str], enable_think: bool) -> str:
@@ -28,13 +33,27 @@ def expert_reply(actions: list[str], enable_think: bool) -> str:
     return f"<think>The best action is {actions[0]}.</think><answer>{answer}</answer>"
 
 
-def demonstration(env_id: str, env_kwargs: dict, seed: int, noise: float, cfg: RolloutConfig, actions_per_turn: int, rng: np.random.Generator, system_prompt: str | None = SYSTEM_PROMPT) -> dict:
+def demonstration(
+    env_id: str,
+    env_kwargs: dict,
+    seed: int,
+    noise: float,
+    cfg: RolloutConfig,
+    actions_per_turn: int,
+    rng: np.random.Generator,
+    system_prompt: str | None = SYSTEM_PROMPT,
+) -> dict:
     """One noisy-expert episode as ``{"messages": [...], "reward": float, "success": bool}``."""
     env = gym.make(env_id, **env_kwargs)
     obs, _ = env.reset(seed=seed)
     named = env.unwrapped.action_names is not None
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)})
+    messages.append(
+        {
+            "role": "user",
+            "content": first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think),
+        }
+    )
     total, success, left = 0.0, False, cfg.max_actions_per_episode
     for turn in range(1, cfg.max_turns + 1):
         actions, reward, done = [], 0.0, False
@@ -51,12 +70,16 @@ def demonstration(env_id: str, env_kwargs: dict, seed: int, noise: float, cfg: R
         total += reward
         if done or turn == cfg.max_turns or left <= 0:
             break
-        messages.append({"role": "user", "content": turn_message(turn + 1, obs, left if named else None, reward, cfg.enable_think)})
+        messages.append(
+            {"role": "user", "content": turn_message(turn + 1, obs, left if named else None, reward, cfg.enable_think)}
+        )
     env.close()
     return {"messages": messages, "reward": total, "success": success}
 
 
-def demonstrations(env_id: str, env_kwargs: dict, seeds, noise: float, cfg: RolloutConfig, actions_per_turn: int = 1, seed: int = 0) -> Dataset:
+def demonstrations(
+    env_id: str, env_kwargs: dict, seeds, noise: float, cfg: RolloutConfig, actions_per_turn: int = 1, seed: int = 0
+) -> Dataset:
     rng = np.random.default_rng(seed)
     rows = [demonstration(env_id, env_kwargs, s, noise, cfg, actions_per_turn, rng) for s in seeds]
     return Dataset.from_list(rows)
@@ -87,7 +110,18 @@ def tokenize_demonstration(messages: list[dict], chat: ChatFormat) -> dict:
     return {"input_ids": ids, "assistant_masks": mask}
 
 
-def warm_start(model, tokenizer, dataset: Dataset, output_dir: str, epochs: float = 2.0, learning_rate: float = 1e-3, batch_size: int = 16, seed: int = 0, system_prompt: str | None = SYSTEM_PROMPT, **sft_kwargs):
+def warm_start(
+    model,
+    tokenizer,
+    dataset: Dataset,
+    output_dir: str,
+    epochs: float = 2.0,
+    learning_rate: float = 1e-3,
+    batch_size: int = 16,
+    seed: int = 0,
+    system_prompt: str | None = SYSTEM_PROMPT,
+    **sft_kwargs,
+):
     """SFT ``model`` on ``dataset`` (from `demonstrations`) with TRL's SFTTrainer; returns the model."""
     from trl import SFTConfig, SFTTrainer
 

@@ -5,6 +5,8 @@ import warnings
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import envs  # noqa: E402,F401  (registers the starpo/* env ids the tests play)
+
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 

@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from starpo_trl.critic import Critic
+from starpo_trl.algorithms.critic import Critic
 from starpo_trl.models import weights_digest
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -28,7 +28,16 @@ def average(params):
 
 def step(critic, ids, returns, max_grad_norm=1.0):
     mask = torch.ones_like(returns)
-    return critic.update(ids, torch.ones_like(ids), returns.size(1), torch.zeros_like(returns), returns, mask, max_grad_norm, reduce=average)
+    return critic.update(
+        ids,
+        torch.ones_like(ids),
+        returns.size(1),
+        torch.zeros_like(returns),
+        returns,
+        mask,
+        max_grad_norm,
+        reduce=average,
+    )
 
 
 def main(out):
@@ -38,11 +47,15 @@ def main(out):
     sharded = Critic(policy, "full", learning_rate=1e-2, value_clip=None)
     plain = Critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
     generator = torch.Generator().manual_seed(100 + rank)  # a different micro-batch on each process
-    batches = [(torch.randint(5, 200, (2, 10), generator=generator), torch.rand(2, 5, generator=generator)) for _ in range(4)]
+    batches = [
+        (torch.randint(5, 200, (2, 10), generator=generator), torch.rand(2, 5, generator=generator)) for _ in range(4)
+    ]
     for ids, returns in batches[:3]:
         step(sharded, ids, returns)
         step(plain, ids, returns)
-    max_diff = max((a - b).abs().max().item() for a, b in zip(sharded.trainable_parameters(), plain.trainable_parameters()))
+    max_diff = max(
+        (a - b).abs().max().item() for a, b in zip(sharded.trainable_parameters(), plain.trainable_parameters())
+    )
     digests = [None] * dist.get_world_size()
     dist.all_gather_object(digests, weights_digest(sharded.trainable_parameters()))
     local_state = len(sharded.optimizer.optim.state)  # moments this process keeps: its share only
@@ -53,7 +66,9 @@ def main(out):
     resumed.load(os.path.join(out, "value_model"))
     step(resumed, *batches[3])
     step(sharded, *batches[3])
-    resume_diff = max((a - b).abs().max().item() for a, b in zip(sharded.trainable_parameters(), resumed.trainable_parameters()))
+    resume_diff = max(
+        (a - b).abs().max().item() for a, b in zip(sharded.trainable_parameters(), resumed.trainable_parameters())
+    )
     saved = torch.load(os.path.join(out, "value_model", "critic_optimizer.pt"), weights_only=True)
     # a critic built from different weights on each process starts from process 0's everywhere
     own = build_tiny_model(build_tiny_tokenizer(), seed=rank)
@@ -61,9 +76,15 @@ def main(out):
     dist.all_gather_object(start, weights_digest(Critic(own, "full").trainable_parameters()))
     dist.all_gather_object(unsynced, weights_digest(Critic(own, "full", shard_optimizer=False).trainable_parameters()))
     result = {
-        "start_digests": start, "unsynced_digests": unsynced,
-        "sharded": sharded.sharded, "num_params": len(sharded.trainable_parameters()), "local_state": local_state,
-        "saved_state": len(saved["state"]), "max_diff": max_diff, "resume_diff": resume_diff, "digests": digests,
+        "start_digests": start,
+        "unsynced_digests": unsynced,
+        "sharded": sharded.sharded,
+        "num_params": len(sharded.trainable_parameters()),
+        "local_state": local_state,
+        "saved_state": len(saved["state"]),
+        "max_diff": max_diff,
+        "resume_diff": resume_diff,
+        "digests": digests,
         "moved": any(p.abs().sum().item() > 0 for p in sharded.head.parameters()),
     }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from starpo_trl.advantages import between_group_share, expand_groups, grpo_advantages, num_kept_groups, select_groups
+from starpo_trl.algorithms import between_group_share, expand_groups, grpo_advantages, num_kept_groups, select_groups
 
 
 def test_filter_keeps_exactly_the_largest_std_groups_by_hand():
@@ -41,8 +41,14 @@ def test_grpo_advantages_by_hand():
 
 
 # -- turn-aware credit ------------------------------------------------------------------------------
-from starpo_trl.advantages import (  # noqa: E402
-    bilevel_gae, masked_gae, normalize_rewards, place_rewards, reward_normalization_terms, rloo_advantages, whiten,
+from starpo_trl.algorithms import (  # noqa: E402
+    bilevel_gae,
+    masked_gae,
+    normalize_rewards,
+    place_rewards,
+    reward_normalization_terms,
+    rloo_advantages,
+    whiten,
 )
 
 
@@ -95,7 +101,9 @@ def test_bilevel_gae_one_turn_and_all_masked_padding_rows():
     adv, ret = bilevel_gae([[1.0], []], [[1], []], values, mask, 1.0, 1.0, 0.95)
     assert torch.allclose(adv, torch.tensor([[0.5, 0.75, 0.0], [0.0, 0.0, 0.0]]))
     assert torch.equal(ret[1], torch.zeros(3))
-    gae_adv, gae_ret = masked_gae(place_rewards((2, 3), [[1.0], []], [[1], []], per_turn=False), values, mask, 1.0, 1.0)
+    gae_adv, gae_ret = masked_gae(
+        place_rewards((2, 3), [[1.0], []], [[1], []], per_turn=False), values, mask, 1.0, 1.0
+    )
     assert torch.allclose(gae_adv, adv) and torch.equal(gae_ret[1], torch.zeros(3))
 
 
@@ -182,3 +190,41 @@ def test_masked_whitening_by_hand_and_across_processes():
     assert torch.allclose(whiten(x[:1], m[:1], total), torch.tensor([[-1.0, 0.0, 0.0]]), atol=1e-6)
     assert torch.allclose(whiten(x[1:], m[1:], total), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
     assert torch.equal(whiten(x, torch.zeros_like(m)), torch.zeros_like(x))
+
+
+def test_score_rollout_by_hand():
+    """Groups of 2: [1, 0] (std 0.7071), [0.5, 0.5] (std 0), [NaN (failed), 1] -> the filter keeps the
+    first group only; its GRPO advantages are +-0.5 / (0.7071 + 1e-4)."""
+    from types import SimpleNamespace
+
+    from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
+
+    args = SimpleNamespace(
+        env_error_policy="exclude",
+        env_failure_reward=-1.0,
+        rollout_filter_ratio=0.3,
+        rollout_filter_metric="std",
+        reward_normalization="identity",
+        reward_norm_scope="group",
+        advantage_estimator="grpo",
+        use_turn_rewards=False,
+    )
+    failed = torch.tensor([False, False, False, False, True, False])
+    scored = score_rollout([1.0, 0.0, 0.5, 0.5, 0.3, 1.0], failed, 2, args)
+    assert torch.isnan(scored.rewards[4]) and scored.kept_groups.tolist() == [0] and scored.keep.tolist() == [0, 1]
+    expected = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert torch.allclose(scored.advantages, torch.tensor([expected, -expected]), atol=1e-6)
+    # failure_reward: the failed episode counts with -1.0, so group 2 ([-1, 1], std 1.414) ranks first
+    args.env_error_policy = "failure_reward"
+    assert score_rollout([1.0, 0.0, 0.5, 0.5, 0.3, 1.0], failed, 2, args).kept_groups.tolist() == [2]
+    # a critic estimator leaves the advantages to the critic; its turn rewards: the episode's on the last turn
+    args.advantage_estimator, args.env_error_policy = "gae", "exclude"
+    scored = score_rollout([1.0, 0.0, 0.5, 0.5, 0.3, 1.0], failed, 2, args)
+    assert scored.advantages is None
+    assert critic_turn_rewards(
+        [[0.2, 0.8], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args
+    ) == [[0.0, 1.0], [0.0]]
+    args.use_turn_rewards = True  # identity normalisation: each turn's own reward
+    assert critic_turn_rewards(
+        [[0.25, 0.75], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args
+    ) == [[0.25, 0.75], [0.0]]

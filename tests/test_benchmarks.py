@@ -18,15 +18,38 @@ def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
     monkeypatch.setattr(real_model, "HERE", tmp_path)
     recipe = tmp_path / "smollm2-cpu-x.yaml"
-    recipe.write_text(yaml.safe_dump({"env_id": "starpo/Bandit-v0", "warm_start_episodes": 8, "warm_start_noise": 1.0, "use_peft": True}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {"env_id": "starpo/Bandit-v0", "warm_start_episodes": 8, "warm_start_noise": 1.0, "use_peft": True}
+        )
+    )
     run = tmp_path / "run"
     run.mkdir()
-    history = [{"step": 1, "step_time": 50.0, "env/Bandit-v0/success": 0.5, "env/Bandit-v0/format_error_rate": 0.25, "entropy": 0.3},
-               {"step": 2, "step_time": 20.0}, {"step": 3, "step_time": 30.0, "env/Bandit-v0/success": 0.75}]
-    (run / "report.json").write_text(json.dumps({
-        "env_id": "starpo/BanditTest-v0", "success_before": 0.5, "success_after": 0.875, "episodes": 256,
-        "before": {"success": 0.5, "format_error_rate": 0.125}, "after": {"success": 0.875, "format_error_rate": 0.0},
-        "wall_seconds": 100.0, "log_history": history}))
+    history = [
+        {
+            "step": 1,
+            "step_time": 50.0,
+            "env/Bandit-v0/success": 0.5,
+            "env/Bandit-v0/format_error_rate": 0.25,
+            "entropy": 0.3,
+        },
+        {"step": 2, "step_time": 20.0},
+        {"step": 3, "step_time": 30.0, "env/Bandit-v0/success": 0.75},
+    ]
+    (run / "report.json").write_text(
+        json.dumps(
+            {
+                "env_id": "starpo/BanditTest-v0",
+                "success_before": 0.5,
+                "success_after": 0.875,
+                "episodes": 256,
+                "before": {"success": 0.5, "format_error_rate": 0.125},
+                "after": {"success": 0.875, "format_error_rate": 0.0},
+                "wall_seconds": 100.0,
+                "log_history": history,
+            }
+        )
+    )
     entry = real_model.record(str(recipe), str(run), peak_rss_mib=1234.4)
     assert entry["start"] == "sft" and "format only" in entry["warm_start"] and entry["lora"]
     assert (entry["success_before"], entry["success_after"]) == (0.5, 0.875)

@@ -27,14 +27,27 @@ def _main(tmp_path, *extra):
     from starpo_trl.models import TinyModelArguments
 
     parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
-    argv = ["--model_name_or_path", "tiny", "--env_id", "starpo/Bandit-v0", "--output_dir", str(tmp_path / "out"), "--report_to", "none", *extra]
+    argv = [
+        "--model_name_or_path",
+        "tiny",
+        "--env_id",
+        "starpo/Bandit-v0",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--report_to",
+        "none",
+        *extra,
+    ]
     return train.main(*parser.parse_args_and_config(args=argv))
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--advantage_estimator", "gae", "--critic_init", str(pathlib.Path("runs") / "typo" / "critic")], "no such model directory"),
+        (
+            ["--advantage_estimator", "gae", "--critic_init", str(pathlib.Path("runs") / "typo" / "critic")],
+            "no such model directory",
+        ),
         (["--advantage_estimator", "gae", "--critic_init", "./typo"], "no such model directory"),
         (["--resume_from_checkpoint", "/no/such/checkpoint-3"], "not a checkpoint folder"),
         (["--resume_from_checkpoint", "true"], "holds no checkpoint"),
@@ -60,7 +73,9 @@ def test_train_refuses_bad_paths_before_any_model_loads(tmp_path, extra, message
 def test_train_refuses_a_report_path_of_another_shape(tmp_path, monkeypatch):
     import train
 
-    monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    monkeypatch.setattr(
+        train, "load_model_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
+    )
     other = tmp_path / "other.json"
     other.write_text(json.dumps([1, 2, 3]))
     with pytest.raises(ValueError, match="not a report of this script"):
@@ -85,7 +100,9 @@ def test_evaluate_refuses_bad_arguments_before_loading(tmp_path, args, message, 
     sys.path.insert(0, str(ROOT))
     import evaluate
 
-    code = evaluate.main(["--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0", *args])
+    code = evaluate.main(
+        ["--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0", *args]
+    )
     assert code == 2 and message in capsys.readouterr().err
 
 
@@ -94,11 +111,48 @@ def test_user_env_trains_and_evaluate_reproduces_the_training_evaluation(tmp_pat
     evaluate.py with nothing but the model directory: same env, seeds and settings, same result."""
     out = tmp_path / "run"
     cmd = [
-        sys.executable, str(ROOT / "train.py"), "--model_name_or_path", "tiny", "--tiny_hidden_size", "32", "--tiny_num_layers", "1",
-        "--env_id", "coin_guess:CoinGuess-v0", "--env_kwargs", '{"bias": 0.7}', "--output_dir", str(out), "--max_steps", "1",
-        "--num_start_states", "2", "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
-        "--rollout_filter_ratio", "1.0", "--num_eval_episodes", "6", "--eval_temperature", "0", "--max_turns", "1",
-        "--max_tokens_per_turn", "12", "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--save_strategy", "no",
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--model_name_or_path",
+        "tiny",
+        "--tiny_hidden_size",
+        "32",
+        "--tiny_num_layers",
+        "1",
+        "--env_id",
+        "coin_guess:CoinGuess-v0",
+        "--env_kwargs",
+        '{"bias": 0.7}',
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--num_start_states",
+        "2",
+        "--num_generations",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "1",
+        "--rollout_filter_ratio",
+        "1.0",
+        "--num_eval_episodes",
+        "6",
+        "--eval_temperature",
+        "0",
+        "--max_turns",
+        "1",
+        "--max_tokens_per_turn",
+        "12",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--use_cpu",
+        "true",
+        "--save_strategy",
+        "no",
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tmp_path, env=_env())
     report = json.loads((out / "report.json").read_text())
@@ -107,8 +161,18 @@ def test_user_env_trains_and_evaluate_reproduces_the_training_evaluation(tmp_pat
     card = (out / "README.md").read_text()
     assert "python evaluate.py --model_name_or_path MODEL`" in card
     res = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(out), "--output", str(tmp_path / "eval.json")],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(),
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            "--model_name_or_path",
+            str(out),
+            "--output",
+            str(tmp_path / "eval.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
     )
     assert res.returncode == 0, res.stderr
     evaluation = json.loads((tmp_path / "eval.json").read_text())
@@ -124,9 +188,24 @@ def test_evaluate_exits_non_zero_when_envs_fail(tmp_path):
 
     path = save_tiny(str(tmp_path / "model"), hidden_size=32, num_layers=1)
     res = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", path, "--env_id", "failing_env:AlwaysFails-v0",
-         "--num_episodes", "3", "--max_tokens_per_turn", "4", "--output", str(tmp_path / "eval.json")],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(),
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            "--model_name_or_path",
+            path,
+            "--env_id",
+            "failing_env:AlwaysFails-v0",
+            "--num_episodes",
+            "3",
+            "--max_tokens_per_turn",
+            "4",
+            "--output",
+            str(tmp_path / "eval.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
     )
     assert res.returncode == 1 and "the env failed in 3 of 3 episodes" in res.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["env_errors"] == 3
@@ -135,10 +214,27 @@ def test_evaluate_exits_non_zero_when_envs_fail(tmp_path):
 @pytest.mark.parametrize(
     "index_url, local, expected",
     [
-        ("https://mirror.example/whl/cpu", True, ["install -q torch==2.13.0 --index-url https://mirror.example/whl/cpu"]),
-        ("", True, ["download -q --no-index --no-deps torch==2.13.0 -d TMP", "install -q TMP/torch-2.13.0+cpu-cp311-none-any.whl"]),
-        ("", False, ["download -q --no-index --no-deps torch==2.13.0 -d TMP",
-                     "install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"]),
+        (
+            "https://mirror.example/whl/cpu",
+            True,
+            ["install -q torch==2.13.0 --index-url https://mirror.example/whl/cpu"],
+        ),
+        (
+            "",
+            True,
+            [
+                "download -q --no-index --no-deps torch==2.13.0 -d TMP",
+                "install -q TMP/torch-2.13.0+cpu-cp311-none-any.whl",
+            ],
+        ),
+        (
+            "",
+            False,
+            [
+                "download -q --no-index --no-deps torch==2.13.0 -d TMP",
+                "install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+            ],
+        ),
     ],
 )
 def test_torch_install_takes_the_cpu_build(tmp_path, index_url, local, expected):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.critic import CRITIC_ADAPTER, Critic, explained_variance, value_loss
+from starpo_trl.algorithms.critic import CRITIC_ADAPTER, Critic, explained_variance, value_loss
 
 
 @pytest.fixture
@@ -108,9 +108,22 @@ def test_critic_save_and_load_restore_exactly(policy, tmp_path):
 
 def make_args(tmp_path, **kw):
     base = dict(
-        output_dir=str(tmp_path), env_id="starpo/Sokoban-v0", num_start_states=2, num_generations=4, rollout_filter_ratio=1.0,
-        per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2, max_turns=3, max_tokens_per_turn=10,
-        learning_rate=1e-3, critic_learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path),
+        env_id="starpo/Sokoban-v0",
+        num_start_states=2,
+        num_generations=4,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        max_turns=3,
+        max_tokens_per_turn=10,
+        learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
     )
     base.update(kw)
     return StarPOConfig(**base)
@@ -133,13 +146,17 @@ def test_trainer_critic_advantages_are_per_token_and_masked(tmp_path, tiny_token
         assert torch.all(totals < 0)  # step costs and format penalties of an untrained model
 
 
-def test_critic_advantages_are_whitened_over_model_tokens_and_the_value_targets_chosen(tmp_path, tiny_tokenizer, policy):
-    from starpo_trl.advantages import whiten
+def test_critic_advantages_are_whitened_over_model_tokens_and_the_value_targets_chosen(
+    tmp_path, tiny_tokenizer, policy
+):
+    from starpo_trl.algorithms import whiten
 
     seeds = [{"seed": s} for s in range(2) for _ in range(4)]
     raw_args = make_args(tmp_path, advantage_estimator="turn_gae", use_turn_rewards=True, whiten_advantages=False)
     torch.manual_seed(0)
-    raw = MultiTurnStarPOTrainer(policy, raw_args, processing_class=tiny_tokenizer)._generate_and_score_completions(seeds)
+    raw = MultiTurnStarPOTrainer(policy, raw_args, processing_class=tiny_tokenizer)._generate_and_score_completions(
+        seeds
+    )
     args = make_args(tmp_path, advantage_estimator="turn_gae", use_turn_rewards=True, value_loss_tokens="turn_ends")
     torch.manual_seed(0)
     trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer)
@@ -167,17 +184,26 @@ def test_trainer_trains_and_resumes_the_critic(tmp_path, tiny_tokenizer, policy)
     trained = [p.clone() for p in trainer.critic.trainable_parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(start, trained))
     logged = {k for row in trainer.state.log_history for k in row}
-    assert {"critic/value_loss", "critic/value_clipfrac", "critic/explained_variance", "advantages/mean", "returns/mean"} <= logged
+    assert {
+        "critic/value_loss",
+        "critic/value_clipfrac",
+        "critic/explained_variance",
+        "advantages/mean",
+        "returns/mean",
+    } <= logged
     assert (tmp_path / "checkpoint-2" / "value_model" / "critic.safetensors").exists()
 
     from starpo_trl.tiny import build_tiny_model
 
-    fresh = MultiTurnStarPOTrainer(build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1), args, processing_class=tiny_tokenizer)
+    fresh = MultiTurnStarPOTrainer(
+        build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1), args, processing_class=tiny_tokenizer
+    )
     fresh.load_critic(str(tmp_path / "checkpoint-2"))
     assert all(torch.equal(a, b) for a, b in zip(trained, fresh.critic.trainable_parameters()))
     # Trainer's own resume restores it: a fresh critic (zero head) would predict exactly 0 at step 3
     resumed = MultiTurnStarPOTrainer(
-        build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1), make_args(tmp_path, advantage_estimator="gae", max_steps=3),
+        build_tiny_model(tiny_tokenizer, seed=5, hidden_size=32, num_layers=1),
+        make_args(tmp_path, advantage_estimator="gae", max_steps=3),
         processing_class=tiny_tokenizer,
     )
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
@@ -200,10 +226,25 @@ def test_critic_learns_a_return_that_is_predictable_end_to_end(tmp_path, tiny_to
     and gamma = 1 the return at a model token is -0.1 x (turns left, this one included), readable from the context.
     Through rollouts, GAE and the critic's own updates, the critic must come to explain most of its variance."""
     args = StarPOConfig(
-        output_dir=str(tmp_path), env_id="starpo/Sokoban-v0", num_start_states=4, num_generations=4, rollout_filter_ratio=1.0,
-        per_device_train_batch_size=4, gradient_accumulation_steps=4, max_steps=12, max_turns=4, max_tokens_per_turn=6,
-        advantage_estimator="gae", use_turn_rewards=True, critic_learning_rate=3e-3, learning_rate=1e-6, report_to=[],
-        save_strategy="no", disable_tqdm=True, seed=0, collapse_guard="off",
+        output_dir=str(tmp_path),
+        env_id="starpo/Sokoban-v0",
+        num_start_states=4,
+        num_generations=4,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        max_steps=12,
+        max_turns=4,
+        max_tokens_per_turn=6,
+        advantage_estimator="gae",
+        use_turn_rewards=True,
+        critic_learning_rate=3e-3,
+        learning_rate=1e-6,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        collapse_guard="off",
     )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
     trainer.train()
@@ -222,15 +263,35 @@ def test_sharded_critic_optimizer_matches_plain_adamw_across_two_processes(tmp_p
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541", str(root / "tests/dist_critic.py"), str(tmp_path)]
-    run = subprocess.run(cmd, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29541",
+        str(root / "tests/dist_critic.py"),
+        str(tmp_path),
+    ]
+    run = subprocess.run(
+        cmd,
+        cwd=root,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert r["sharded"] and r["moved"]
         assert r["max_diff"] < 1e-6 and r["resume_diff"] < 1e-6
         assert r["saved_state"] == r["num_params"]  # gathered: every parameter's moments
-    assert 0 < ranks[0]["local_state"] < ranks[0]["num_params"] and ranks[0]["local_state"] + ranks[1]["local_state"] == ranks[0]["num_params"]
+    assert (
+        0 < ranks[0]["local_state"] < ranks[0]["num_params"]
+        and ranks[0]["local_state"] + ranks[1]["local_state"] == ranks[0]["num_params"]
+    )
     assert ranks[0]["digests"][0] == ranks[0]["digests"][1] == ranks[1]["digests"][0]
     # different initial weights per process: the sharded critic starts from process 0's (the unsharded one would not)
     assert ranks[0]["unsynced_digests"][0] != ranks[0]["unsynced_digests"][1]
@@ -250,8 +311,26 @@ def test_sharded_critic_matches_plain_adamw_across_two_processes(tmp_path, mode)
 
     root = pathlib.Path(__file__).resolve().parents[1]
     port = 29560 + ["zero2", "zero3", "zero3_offload", "fsdp"].index(mode)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(root / "tests/dist_critic_sharded.py"), str(tmp_path), mode]
-    run = subprocess.run(cmd, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        str(root / "tests/dist_critic_sharded.py"),
+        str(tmp_path),
+        mode,
+    ]
+    run = subprocess.run(
+        cmd,
+        cwd=root,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     total = ranks[0]["total"]
@@ -282,7 +361,9 @@ def test_full_critic_can_start_from_another_models_weights(tiny_tokenizer, polic
     other = build_tiny_model(tiny_tokenizer, seed=9, hidden_size=48, num_layers=2)
     critic = Critic(policy, "full", init_from=other)
     pairs = list(zip(critic.backbone.named_parameters(), other.model.named_parameters()))
-    assert len(pairs) == len(list(other.model.parameters())) and all(n == m and torch.equal(p, q) for (n, p), (m, q) in pairs)
+    assert len(pairs) == len(list(other.model.parameters())) and all(
+        n == m and torch.equal(p, q) for (n, p), (m, q) in pairs
+    )
     assert critic.head.in_features == 48  # sized from the value model, not the policy (32)
     ids = torch.randint(5, 100, (2, 7))
     assert critic.values(ids, torch.ones_like(ids), 3, 2).shape == (2, 3)
@@ -303,35 +384,38 @@ def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy,
     assert torch.equal(trainer.critic.backbone.embed_tokens.weight, other.model.embed_tokens.weight)
     calls = []
     update = trainer.critic.update
-    monkeypatch.setattr(trainer.critic, "update", lambda ids, *a, **k: calls.append(ids.clone()) or update(ids, *a, **k))
+    monkeypatch.setattr(
+        trainer.critic, "update", lambda ids, *a, **k: calls.append(ids.clone()) or update(ids, *a, **k)
+    )
     trainer.train()
     # 3 passes over the rollout batch, each split into steps_per_generation micro-batches of equal size
     assert len(calls) == 3 * args.steps_per_generation
     rows = args.per_device_train_batch_size * args.steps_per_generation
     assert all(len(c) == args.per_device_train_batch_size for c in calls)
-    epochs = [torch.cat(calls[i : i + args.steps_per_generation]) for i in range(0, len(calls), args.steps_per_generation)]
+    epochs = [
+        torch.cat(calls[i : i + args.steps_per_generation]) for i in range(0, len(calls), args.steps_per_generation)
+    ]
     for epoch in epochs:  # every pass sees every row once: the same rows, as a set, as the first pass
         assert len(epoch) == rows
         assert sorted(map(tuple, epoch.tolist())) == sorted(map(tuple, epochs[0].tolist()))
 
 
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
-def test_lora_critic_is_refused_where_the_policy_is_sharded(tmp_path, tiny_tokenizer, policy, monkeypatch, backend):
-    """FSDP and ZeRO-3 shard the policy, and with it the LoRA critic's adapter: a clear error before training.
-    They need several processes; the flags Trainer derives from the accelerator are set by hand here."""
+def test_lora_critic_is_refused_where_the_policy_is_sharded(tmp_path, policy, backend):
+    """FSDP and ZeRO-3 shard the policy, and with it the LoRA critic's adapter: build_critic (which the
+    trainer calls while it is built, before training) refuses it clearly. They need several processes:
+    the accelerator state here says which one is in use."""
     from types import SimpleNamespace
 
-    original = MultiTurnStarPOTrainer.create_accelerator_and_postprocess
+    from starpo_trl.algorithms.critic import build_critic
 
-    def sharded_accelerator(self):
-        original(self)
-        if backend == "fsdp":
-            self.is_fsdp_enabled = True
-        else:
-            self.is_deepspeed_enabled = True
-            monkeypatch.setattr(type(self.accelerator.state), "deepspeed_plugin", SimpleNamespace(zero_stage=3), raising=False)
-
-    monkeypatch.setattr(MultiTurnStarPOTrainer, "create_accelerator_and_postprocess", sharded_accelerator)
+    state = SimpleNamespace(
+        fsdp_plugin=object() if backend == "fsdp" else None,
+        deepspeed_plugin=SimpleNamespace(zero_stage=3) if backend == "zero3" else None,
+    )
     args = make_args(tmp_path, advantage_estimator="gae", critic_type="lora")
     with pytest.raises(ValueError, match="critic_type='full'"):
-        MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer, peft_config=_lora_config())
+        build_critic(policy, args, SimpleNamespace(state=state, mixed_precision="no"))
+    assert (
+        build_critic(policy, make_args(tmp_path), SimpleNamespace(state=state, mixed_precision="no")) is None
+    )  # grpo: no critic

@@ -7,17 +7,24 @@ import sys
 
 import pytest
 
-from starpo_trl.diagnostics import load_run, main
+from starpo_trl.monitoring.diagnostics import load_run, main
 
 
 def history(n=6):
     rows = []
     for step in range(1, n + 1):
-        rows.append({
-            "step": step, "loss": 0.1, "grad_norm": 1.0 + step, "entropy": 2.0 - 0.2 * step,
-            "env/FrozenLake-v0/success": 0.1 * step, "env/FrozenLake-v0/group_reward_std_mean": 0.5,
-            "reasoning/distinct_2": 0.5, "reasoning/template_share": 0.3,
-        })
+        rows.append(
+            {
+                "step": step,
+                "loss": 0.1,
+                "grad_norm": 1.0 + step,
+                "entropy": 2.0 - 0.2 * step,
+                "env/FrozenLake-v0/success": 0.1 * step,
+                "env/FrozenLake-v0/group_reward_std_mean": 0.5,
+                "reasoning/distinct_2": 0.5,
+                "reasoning/template_share": 0.3,
+            }
+        )
     if n >= 5:
         rows[4]["guard/warning"], rows[4]["guard/rules"] = 1.0, "entropy"
     return rows
@@ -44,7 +51,11 @@ def test_plot_from_newest_checkpoint_via_module_cli(tmp_path):
     hist, events, env = load_run(str(tmp_path))
     assert len(hist) == 10 and events is None and env is None
     out = tmp_path / "d.png"
-    subprocess.run([sys.executable, "-m", "starpo_trl.diagnostics", "plot", str(tmp_path), "--out", str(out)], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    subprocess.run(
+        [sys.executable, "-m", "starpo_trl.monitoring.diagnostics", "plot", str(tmp_path), "--out", str(out)],
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.stat().st_size > 1000
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from starpo_trl.diagnostics import distinct_n, ngram_jaccard, reasoning_metrics, template_share
+from starpo_trl.monitoring.diagnostics import distinct_n, ngram_jaccard, reasoning_metrics, template_share
 
 
 def test_distinct_n_by_hand():
@@ -24,7 +24,9 @@ def test_similarity_to_previous_step():
 
 
 def test_reasoning_metrics_on_an_echo_trap_batch():
-    diverse = reasoning_metrics(["the box is left of the target", "go up then right", None, "hole below so avoid down"])
+    diverse = reasoning_metrics(
+        ["the box is left of the target", "go up then right", None, "hole below so avoid down"]
+    )
     echo = reasoning_metrics(["I move Up.", "I move Up.", "I move Up.", "I move Up."], previous=["I move Up."])
     assert diverse["reasoning_rate"] == 0.75 and echo["reasoning_rate"] == 1.0
     assert echo["template_share"] == 1.0 and diverse["template_share"] == pytest.approx(1 / 3)

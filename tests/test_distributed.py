@@ -15,15 +15,55 @@ CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
     # DeepSpeed and FSDP on CPU processes go through tests/sharded_cpu.py (accelerate starts them only on accelerators)
-    script = [str(ROOT / "tests/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"] if sharded else [str(ROOT / "train.py")]
+    script = (
+        [str(ROOT / "tests/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"]
+        if sharded
+        else [str(ROOT / "train.py")]
+    )
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-        "--main_process_port", str(port), *script, "--config", str(ROOT / "recipes/demo-cpu-bandit.yaml"),
-        "--warm_start_episodes", "600", "--warm_start_epochs", "1", "--warm_start_noise", "0.5",
-        "--num_start_states", "4", "--num_generations", "4", "--per_device_train_batch_size", "2",
-        "--gradient_accumulation_steps", "4", "--rollout_filter_ratio", "0.5", "--temperature", "1.5", "--learning_rate", "0.001",
-        "--num_eval_episodes", "4", "--eval_before", "false", "--output_dir", str(out), "--report_path", "", "--rank_summary", "true",
-        "--disable_tqdm", "true", *extra,
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(port),
+        *script,
+        "--config",
+        str(ROOT / "recipes/demo-cpu-bandit.yaml"),
+        "--warm_start_episodes",
+        "600",
+        "--warm_start_epochs",
+        "1",
+        "--warm_start_noise",
+        "0.5",
+        "--num_start_states",
+        "4",
+        "--num_generations",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--gradient_accumulation_steps",
+        "4",
+        "--rollout_filter_ratio",
+        "0.5",
+        "--temperature",
+        "1.5",
+        "--learning_rate",
+        "0.001",
+        "--num_eval_episodes",
+        "4",
+        "--eval_before",
+        "false",
+        "--output_dir",
+        str(out),
+        "--report_path",
+        "",
+        "--rank_summary",
+        "true",
+        "--disable_tqdm",
+        "true",
+        *extra,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -33,7 +73,15 @@ def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml"
 
 def test_every_accelerate_config_loads():
     names = {c.name for c in CONFIGS}
-    assert {"single_gpu.yaml", "multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "zero3_offload.yaml", "fsdp2.yaml", "cpu_2proc.yaml"} <= names
+    assert {
+        "single_gpu.yaml",
+        "multi_gpu.yaml",
+        "zero2.yaml",
+        "zero3.yaml",
+        "zero3_offload.yaml",
+        "fsdp2.yaml",
+        "cpu_2proc.yaml",
+    } <= names
     for path in CONFIGS:
         config = load_config_from_file(str(path))  # raises on unknown keys
         raw = yaml.safe_load(path.read_text())
@@ -46,7 +94,18 @@ def test_every_accelerate_config_loads():
 def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
     out = tmp_path / "run"
     # later flags win: a longer warm start than _launch's, so that rewards differ within groups
-    ranks = _launch(out, 29533, "--warm_start_episodes", "1200", "--warm_start_epochs", "2", "--num_eval_episodes", "8", "--max_steps", "2")
+    ranks = _launch(
+        out,
+        29533,
+        "--warm_start_episodes",
+        "1200",
+        "--warm_start_epochs",
+        "2",
+        "--num_eval_episodes",
+        "8",
+        "--max_steps",
+        "2",
+    )
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     # the filter saw all 4 groups (both processes' episodes) and kept the top half by std, the same on both ranks
     assert ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
@@ -55,7 +114,9 @@ def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
         assert len(stds) == 4
         top = sorted(sorted(range(4), key=lambda g: -stds[g])[:2])  # stable sort: ties keep the earlier group
         assert rollout["kept"] == top
-    assert any(len(set(r["group_std"])) > 1 for r in ranks[0]["kept_groups"]), "rewards never differed: the check is vacuous"
+    assert any(len(set(r["group_std"])) > 1 for r in ranks[0]["kept_groups"]), (
+        "rewards never differed: the check is vacuous"
+    )
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     history = json.loads((out / "report.json").read_text())["log_history"]
     assert any(row.get("grad_norm", 0) > 0 for row in history)  # the policy was updated
@@ -64,11 +125,22 @@ def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
 def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     """GAE with a full critic on 2 processes: the critic moves, stays bit-identical across ranks (its AdamW
     state is sharded between them), is saved whole in the checkpoint, and a 2-process resume continues."""
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     out = tmp_path / "run"
-    critic = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "2"]
+    critic = [
+        "--advantage_estimator",
+        "gae",
+        "--critic_type",
+        "full",
+        "--critic_learning_rate",
+        "0.003",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+    ]
     ranks = _launch(out, 29535, *critic, "--max_steps", "2")
     assert ranks[0]["global_step"] == 2 and ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
     _assert_ranks_agree_and_the_critic_learned(ranks, out)
@@ -81,7 +153,11 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] != ranks[0]["critic_sha256"]
     assert resumed[0]["weights_sha256"] == resumed[1]["weights_sha256"]
     # the critic came back from the checkpoint: a fresh one (zero head) would predict exactly 0 at step 3
-    step3 = [row for row in json.loads((out / "report.json").read_text())["log_history"] if row.get("step") == 3 and "values/std" in row]
+    step3 = [
+        row
+        for row in json.loads((out / "report.json").read_text())["log_history"]
+        if row.get("step") == 3 and "values/std" in row
+    ]
     assert step3 and step3[-1]["values/std"] > 0
 
 
@@ -90,8 +166,23 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
     bit-identical on both ranks."""
     out = tmp_path / "run"
     ranks = _launch(
-        out, 29539, "--advantage_estimator", "gae", "--critic_type", "lora", "--use_peft", "true", "--lora_r", "4",
-        "--lora_target_modules", "q_proj", "v_proj", "--critic_learning_rate", "0.003", "--max_steps", "2",
+        out,
+        29539,
+        "--advantage_estimator",
+        "gae",
+        "--critic_type",
+        "lora",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--critic_learning_rate",
+        "0.003",
+        "--max_steps",
+        "2",
     )
     assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
     assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
@@ -128,8 +219,18 @@ def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
 
     out = tmp_path / "run"
     config = _zero_config(tmp_path, 3)
-    critic = ["--advantage_estimator", "gae", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "1",
-              "--warm_start_episodes", "0"]  # no warm start under DeepSpeed (train.py refuses it)
+    critic = [
+        "--advantage_estimator",
+        "gae",
+        "--critic_learning_rate",
+        "0.003",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--warm_start_episodes",
+        "0",
+    ]  # no warm start under DeepSpeed (train.py refuses it)
     ranks = _launch(out, 29543, *critic, "--max_steps", "2", config=config, sharded=True)
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     total = ranks[0]["critic_numel"]
@@ -145,8 +246,17 @@ def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
     at_step1 = weights_digest([t for _, t in sorted(load_file(saved / "critic.safetensors").items())])
     assert at_step1 not in (ranks[0]["critic_initial_sha256"], ranks[0]["critic_sha256"])
     # resume from step 1 (policy, critic and its optimizer shards, RNG states): step 2 again, bit for bit
-    resumed = _launch(tmp_path / "resumed", 29545, *critic, "--max_steps", "2", "--resume_from_checkpoint", str(out / "checkpoint-1"),
-                      config=config, sharded=True)
+    resumed = _launch(
+        tmp_path / "resumed",
+        29545,
+        *critic,
+        "--max_steps",
+        "2",
+        "--resume_from_checkpoint",
+        str(out / "checkpoint-1"),
+        config=config,
+        sharded=True,
+    )
     assert resumed[0]["critic_initial_sha256"] != at_step1  # before resuming: a fresh critic
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] == ranks[0]["critic_sha256"]
     assert resumed[0]["weights_sha256"] == ranks[0]["weights_sha256"]
@@ -157,9 +267,27 @@ def test_zero2_trains_a_lora_critic_in_step(tmp_path):
     with its own sharded AdamW) starts, moves and ends bit-identical on both ranks."""
     out = tmp_path / "run"
     ranks = _launch(
-        out, 29547, "--advantage_estimator", "gae", "--critic_type", "lora", "--use_peft", "true", "--lora_r", "4",
-        "--lora_target_modules", "q_proj", "v_proj", "--critic_learning_rate", "0.003", "--max_steps", "2", "--warm_start_episodes", "0",
-        config=_zero_config(tmp_path, 2), sharded=True,
+        out,
+        29547,
+        "--advantage_estimator",
+        "gae",
+        "--critic_type",
+        "lora",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--critic_learning_rate",
+        "0.003",
+        "--max_steps",
+        "2",
+        "--warm_start_episodes",
+        "0",
+        config=_zero_config(tmp_path, 2),
+        sharded=True,
     )
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
@@ -173,8 +301,18 @@ def test_fsdp2_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
     and a resumed run repeats step 2 bit for bit."""
     out = tmp_path / "run"
     config = _cpu_config(tmp_path, "fsdp2")
-    critic = ["--advantage_estimator", "gae", "--critic_learning_rate", "0.003", "--save_strategy", "steps", "--save_steps", "1",
-              "--warm_start_episodes", "0"]
+    critic = [
+        "--advantage_estimator",
+        "gae",
+        "--critic_learning_rate",
+        "0.003",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--warm_start_episodes",
+        "0",
+    ]
     ranks = _launch(out, 29549, *critic, "--max_steps", "2", config=config, sharded=True)
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     assert ranks[0]["critic_local_numel"] + ranks[1]["critic_local_numel"] == ranks[0]["critic_numel"]
@@ -186,7 +324,16 @@ def test_fsdp2_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
 
     state = torch.load(saved / "critic_optimizer.pt", weights_only=True)
     assert len(state["state"]) == len(load_file(saved / "critic.safetensors"))  # every parameter's moments, gathered
-    resumed = _launch(tmp_path / "resumed", 29551, *critic, "--max_steps", "2", "--resume_from_checkpoint", str(out / "checkpoint-1"),
-                      config=config, sharded=True)
+    resumed = _launch(
+        tmp_path / "resumed",
+        29551,
+        *critic,
+        "--max_steps",
+        "2",
+        "--resume_from_checkpoint",
+        str(out / "checkpoint-1"),
+        config=config,
+        sharded=True,
+    )
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] == ranks[0]["critic_sha256"]
     assert resumed[0]["weights_sha256"] == ranks[0]["weights_sha256"]

@@ -6,11 +6,10 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_trainer import make_args
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.guard import CollapseMonitor, GuardRules
-
-from test_trainer import make_args
+from starpo_trl.monitoring.guard import CollapseMonitor, GuardRules
 
 
 def first_firing(rules, stream, signal):
@@ -38,7 +37,9 @@ def test_smoothing_delays_the_warning_by_hand_worked_emas():
 
 def test_entropy_rule_and_noise_that_stays_healthy():
     rules = GuardRules(warmup_steps=4, smoothing=1.0, entropy_fraction=0.5, patience=1)
-    assert first_firing(rules, [2.0, 2.2, 1.8, 2.0, 1.5, 1.2, 1.1, 0.9], "entropy") == 8  # early 2.0, below 1.0 at step 8
+    assert (
+        first_firing(rules, [2.0, 2.2, 1.8, 2.0, 1.5, 1.2, 1.1, 0.9], "entropy") == 8
+    )  # early 2.0, below 1.0 at step 8
     assert first_firing(rules, [2.0, 2.2, 1.8, 2.0, 1.5, 2.5, 1.1, 1.9], "entropy") is None
 
 
@@ -81,12 +82,16 @@ def _logs(std):
 @pytest.mark.parametrize("action", ["rollback", "stop"])
 def test_rollback_restores_the_last_healthy_weights_exactly(tmp_path, tiny_tokenizer, fresh_model, action):
     args = make_args(
-        tmp_path, collapse_guard=action, collapse_guard_warmup_steps=2, collapse_guard_patience=1,
-        collapse_guard_smoothing=1.0, collapse_guard_snapshot_steps=2,
+        tmp_path,
+        collapse_guard=action,
+        collapse_guard_warmup_steps=2,
+        collapse_guard_patience=1,
+        collapse_guard_smoothing=1.0,
+        collapse_guard_snapshot_steps=2,
     )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
     guard, state, control = trainer.guard, trainer.state, trainer.control
-    guard.on_train_begin(args, state, control)
+    guard.on_train_begin(args, state, control, model=trainer.model)  # as Trainer's callback handler calls it
 
     def nudge(scale):
         with torch.no_grad():
@@ -99,7 +104,7 @@ def test_rollback_restores_the_last_healthy_weights_exactly(tmp_path, tiny_token
         nudge(0.01)
         state.global_step = step
         seen[step] = _params(trainer.model)
-        guard.on_log(args, state, control, logs=_logs(std))
+        guard.on_log(args, state, control, logs=_logs(std), model=trainer.model)
     # snapshots at healthy steps 2 and 4; the warning at step 5 (0.01 < 0.25 x 1.0)
     assert guard.snapshot_step == 4 and control.should_training_stop
     expected = seen[4] if action == "rollback" else seen[5]
@@ -114,7 +119,14 @@ def test_rollback_restores_the_last_healthy_weights_exactly(tmp_path, tiny_token
 
 def test_guard_warns_inside_a_real_training_run(tmp_path, tiny_tokenizer, fresh_model):
     # spike factor 0: any grad norm after the first log counts as a spike, so it must fire at step 2
-    args = make_args(tmp_path, max_steps=3, collapse_guard="warn", collapse_guard_warmup_steps=1, collapse_guard_patience=1, collapse_guard_grad_norm_spike=0.0)
+    args = make_args(
+        tmp_path,
+        max_steps=3,
+        collapse_guard="warn",
+        collapse_guard_warmup_steps=1,
+        collapse_guard_patience=1,
+        collapse_guard_grad_norm_spike=0.0,
+    )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
     trainer.train()
     assert trainer.state.global_step == 3  # warn never stops

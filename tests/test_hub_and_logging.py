@@ -6,16 +6,17 @@ import os
 import pandas as pd
 import torch
 from huggingface_hub import ModelCard
+from test_trainer import make_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.model_card import evaluation_table
-
-from test_trainer import make_args
+from starpo_trl.monitoring.model_card import evaluation_table
 
 
 def test_evaluation_table_by_hand():
-    table = evaluation_table({"before RL": {"success": 0.25, "turns": 3.0}, "after RL": {"success": 0.5, "turns": 2.5, "pass@4": 1.0}})
+    table = evaluation_table(
+        {"before RL": {"success": 0.25, "turns": 3.0}, "after RL": {"success": 0.5, "turns": 2.5, "pass@4": 1.0}}
+    )
     assert table.splitlines() == [
         "| metric | before RL | after RL |",
         "|---|---|---|",
@@ -26,9 +27,14 @@ def test_evaluation_table_by_hand():
 
 
 def test_model_card_renders_and_the_model_round_trips(tmp_path, tiny_tokenizer, fresh_model):
-    args = make_args(tmp_path, env_id="starpo/FrozenLake-v0", env_kwargs='{"is_slippery": false}', rollout_filter_ratio=0.5)
+    args = make_args(
+        tmp_path, env_id="starpo/FrozenLake-v0", env_kwargs='{"is_slippery": false}', rollout_filter_ratio=0.5
+    )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
-    trainer.evaluation_results = {"before RL": {"success": 0.125}, "after RL": {"success": 0.375, "valid_action_rate": 0.9}}
+    trainer.evaluation_results = {
+        "before RL": {"success": 0.125},
+        "after RL": {"success": 0.375, "valid_action_rate": 0.9},
+    }
     trainer.recipe = "model_name_or_path: tiny\nenv_id: starpo/FrozenLake-v0\n"
     trainer.save_model(str(tmp_path))
     trainer.create_model_card()
@@ -47,12 +53,14 @@ def test_model_card_renders_and_the_model_round_trips(tmp_path, tiny_tokenizer, 
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
     sample = "<think>go</think><answer>Left || Up</answer>"
     assert tok(sample)["input_ids"] == tiny_tokenizer(sample)["input_ids"]
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == tiny_tokenizer.apply_chat_template(
+    assert tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False
-    )
+    ) == tiny_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
 
 
-def test_trackio_and_wandb_offline_get_metrics_and_the_episode_table(tmp_path, tiny_tokenizer, fresh_model, monkeypatch):
+def test_trackio_and_wandb_offline_get_metrics_and_the_episode_table(
+    tmp_path, tiny_tokenizer, fresh_model, monkeypatch
+):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -61,8 +69,14 @@ def test_trackio_and_wandb_offline_get_metrics_and_the_episode_table(tmp_path, t
 
     monkeypatch.setattr(sqlite_storage, "TRACKIO_DIR", tmp_path / "trackio")  # local-first: a database file, no server
     args = make_args(
-        tmp_path / "out", env_id="starpo/Sokoban-v0", max_turns=2, report_to=["trackio", "wandb"], log_completions=True,
-        num_sample_episodes=3, project="starpo-test", run_name="t",
+        tmp_path / "out",
+        env_id="starpo/Sokoban-v0",
+        max_turns=2,
+        report_to=["trackio", "wandb"],
+        log_completions=True,
+        num_sample_episodes=3,
+        project="starpo-test",
+        run_name="t",
     )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
     trainer.train()

@@ -2,18 +2,19 @@
 
 import torch
 from peft import LoraConfig
+from test_trainer import make_args
 
 from starpo_trl import MultiTurnStarPOTrainer
 from starpo_trl.tiny import build_tiny_model
-
-from test_trainer import make_args
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
 def test_lora_trains_only_the_adapter_and_the_reference_is_the_base(tmp_path, tiny_tokenizer, fresh_model):
     args = make_args(tmp_path, beta=0.04, learning_rate=5e-2, max_steps=2, rollout_filter_ratio=1.0)
-    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, peft_config=LoraConfig(**LORA))
+    trainer = MultiTurnStarPOTrainer(
+        fresh_model, args, processing_class=tiny_tokenizer, peft_config=LoraConfig(**LORA)
+    )
     assert trainer.ref_model is None  # no second copy: the reference is the base with the adapter off
     base = build_tiny_model(tiny_tokenizer, seed=1)  # the same weights fresh_model started from
     before = {n: p.clone() for n, p in trainer.model.named_parameters()}
@@ -36,8 +37,17 @@ def test_lora_trains_only_the_adapter_and_the_reference_is_the_base(tmp_path, ti
 
 
 def test_lora_critic_trains_its_own_adapter_on_the_shared_base(tmp_path, tiny_tokenizer, fresh_model):
-    args = make_args(tmp_path, advantage_estimator="gae", critic_type="lora", critic_learning_rate=1e-2, max_steps=2, rollout_filter_ratio=1.0)
-    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, peft_config=LoraConfig(**LORA))
+    args = make_args(
+        tmp_path,
+        advantage_estimator="gae",
+        critic_type="lora",
+        critic_learning_rate=1e-2,
+        max_steps=2,
+        rollout_filter_ratio=1.0,
+    )
+    trainer = MultiTurnStarPOTrainer(
+        fresh_model, args, processing_class=tiny_tokenizer, peft_config=LoraConfig(**LORA)
+    )
     before = {n: p.clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     after = dict(trainer.model.named_parameters())

@@ -6,8 +6,8 @@ import sys
 import pytest
 import yaml
 
-from starpo_trl.prompting import parse_reply
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout.prompting import parse_reply
 from starpo_trl.warm_start import demonstration, demonstrations, tokenize_demonstration
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -26,7 +26,15 @@ def test_demonstrations_use_the_rl_episode_format(tiny_tokenizer, scripted):
     assert [m for m in demo["messages"] if m["role"] != "system"] == ep.messages
     assert parse_reply(first_reply).format_ok
     # the noise-free expert solves it
-    full = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 7, 0.0, RolloutConfig(max_turns=10, max_actions_per_episode=10), 1, np.random.default_rng(0))
+    full = demonstration(
+        "starpo/FrozenLake-v0",
+        {"is_slippery": False},
+        7,
+        0.0,
+        RolloutConfig(max_turns=10, max_actions_per_episode=10),
+        1,
+        np.random.default_rng(0),
+    )
     assert full["success"]
 
 
@@ -62,8 +70,8 @@ def test_recipes_parse(recipe):
     from trl import ModelConfig, TrlParser
 
     from starpo_trl import StarPOConfig
+    from starpo_trl.config import RunArguments
     from starpo_trl.models import TinyModelArguments
-    from train import RunArguments
 
     config = yaml.safe_load(recipe.read_text())
     config.pop("bf16", None)  # recipes for GPUs ask for bf16 or fp16, which this CPU cannot check
@@ -78,10 +86,28 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
     out = tmp_path / "run"
     report = tmp_path / "report.json"
     cmd = [
-        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "recipes/demo-cpu-bandit.yaml"),
-        "--output_dir", str(out), "--report_path", str(report), "--warm_start_episodes", "16",
-        "--warm_start_epochs", "1", "--max_steps", "2", "--num_eval_episodes", "8", "--disable_tqdm", "true",
-        "--tiny_hidden_size", "32", "--tiny_num_layers", "1",
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "recipes/demo-cpu-bandit.yaml"),
+        "--output_dir",
+        str(out),
+        "--report_path",
+        str(report),
+        "--warm_start_episodes",
+        "16",
+        "--warm_start_epochs",
+        "1",
+        "--max_steps",
+        "2",
+        "--num_eval_episodes",
+        "8",
+        "--disable_tqdm",
+        "true",
+        "--tiny_hidden_size",
+        "32",
+        "--tiny_num_layers",
+        "1",
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tmp_path)
     data = json.loads(report.read_text())
@@ -91,17 +117,38 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
     assert (out / "curves.png").stat().st_size > 1000 and (out / "model.safetensors").exists()
 
     res = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(out), "--env_id", "starpo/Bandit-v0",
-         "--num_episodes", "8", "--max_turns", "1", "--max_tokens_per_turn", "16", "--output", str(tmp_path / "eval.json")],
-        check=True, capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            "--model_name_or_path",
+            str(out),
+            "--env_id",
+            "starpo/Bandit-v0",
+            "--num_episodes",
+            "8",
+            "--max_turns",
+            "1",
+            "--max_tokens_per_turn",
+            "16",
+            "--output",
+            str(tmp_path / "eval.json"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     metrics = json.loads((tmp_path / "eval.json").read_text())
     assert metrics["episodes"] == 8 and "success" in res.stdout and 0 <= metrics["success"] <= 1
 
 
 def test_evaluate_cli_rejects_unknown_env(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", "x", "--env_id", "starpo/Nope-v0"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", "x", "--env_id", "starpo/Nope-v0"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert res.returncode != 0 and "Known starpo envs" in res.stderr
 
 
@@ -120,7 +167,9 @@ def test_colab_notebook_is_valid_and_installs_like_the_readme():
         assert (ROOT / recipe).exists(), recipe
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
-            python = "\n".join(line for line in "".join(cell["source"]).splitlines() if not line.startswith(("!", "%")))
+            python = "\n".join(
+                line for line in "".join(cell["source"]).splitlines() if not line.startswith(("!", "%"))
+            )
             compile(python, "cell", "exec")  # every Python line of every cell parses
 
 

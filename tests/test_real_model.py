@@ -4,8 +4,8 @@ system prompt, eos <|im_end|>. The model directory is built on first use (about 
 
 import pytest
 import torch
-
 from conftest import assert_logprobs_match_a_forward_pass, env_spans
+
 from starpo_trl.models import eos_token_ids
 from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
 
@@ -30,14 +30,19 @@ def _engine(tokenizer, model, system_prompt="You are a helpful assistant.", **cf
 
 def test_the_real_template_is_prefix_preserving_with_and_without_its_default_system_prompt(smollm2):
     _, tokenizer, model = smollm2
-    assert tokenizer.convert_ids_to_tokens(eos_token_ids(tokenizer, model.generation_config.eos_token_id)) == ["<|im_end|>"]
+    assert tokenizer.convert_ids_to_tokens(eos_token_ids(tokenizer, model.generation_config.eos_token_id)) == [
+        "<|im_end|>"
+    ]
     for system in (None, "You are a helpful assistant."):
         chat = ChatFormat(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")], system)
         assert chat.chat_template is None  # the model's own template, not a replacement
         prompt = tokenizer.decode(chat.prompt_ids("hello"))
         default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
         assert (default in prompt) == (system is None) and prompt.endswith("<|im_start|>assistant\n")
-        assert tokenizer.decode(chat.message_ids({"role": "user", "content": "next"})) == "\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+        assert (
+            tokenizer.decode(chat.message_ids({"role": "user", "content": "next"}))
+            == "\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+        )
 
 
 def test_real_model_episodes_are_exact_to_the_token(smollm2):
@@ -45,7 +50,9 @@ def test_real_model_episodes_are_exact_to_the_token(smollm2):
     rendered user messages; model spans are what was sampled, ending in <|im_end|> or cut."""
     _, tokenizer, model = smollm2
     torch.manual_seed(0)
-    engine = _engine(tokenizer, model, None, max_turns=3, max_tokens_per_turn=12, temperature=0.8)  # the template's own system prompt
+    engine = _engine(
+        tokenizer, model, None, max_turns=3, max_tokens_per_turn=12, temperature=0.8
+    )  # the template's own system prompt
     # seed 0 twice: the two copies share one read of their prompt (as a group's copies do)
     episodes = engine.run([StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in (0, 0, 1)])
     assert episodes[0].prompt_ids == episodes[1].prompt_ids
@@ -62,7 +69,9 @@ def test_real_model_episodes_are_exact_to_the_token(smollm2):
         spans = [tokenizer.decode(ep.completion_ids[a:b]) for a, b in env_spans(ep)]
         assert len(spans) == len(users)
         for text, content in zip(spans, users):
-            assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+            assert (
+                text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+            )
 
 
 def test_real_model_truncation_keeps_masks_and_logprobs_exact(smollm2):
@@ -83,9 +92,22 @@ def test_one_lora_starpo_step_on_bandit_with_the_real_model(smollm2, tmp_path):
     path, tokenizer, _ = smollm2
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # the model as any user loads it
     args = StarPOConfig(
-        output_dir=str(tmp_path), env_id="starpo/Bandit-v0", num_start_states=2, num_generations=2, rollout_filter_ratio=1.0,
-        per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=1, max_turns=1, max_tokens_per_turn=16,
-        learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True, seed=0, use_cpu=True,
+        output_dir=str(tmp_path),
+        env_id="starpo/Bandit-v0",
+        num_start_states=2,
+        num_generations=2,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        max_steps=1,
+        max_turns=1,
+        max_tokens_per_turn=16,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
     )
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = MultiTurnStarPOTrainer(model, args, processing_class=tokenizer, peft_config=lora)
@@ -102,8 +124,8 @@ def test_warm_start_tokens_on_the_real_template_are_the_engine_tokens(smollm2):
     """SmolLM2's ChatML template has no {% generation %} markers (TRL's assistant-only SFT refuses it):
     the warm start masks the reply tokens itself, token for token as the engine builds an episode."""
     import numpy as np
-
     from conftest import ScriptedBackend
+
     from starpo_trl.warm_start import demonstration, tokenize_demonstration
 
     _, tokenizer, model = smollm2

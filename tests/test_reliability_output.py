@@ -5,11 +5,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import envs
-from starpo_trl.prompting import parse_reply
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout.prompting import parse_reply
 
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<answer>", "</answer>", "||", "<|eot_id|>"]
-pieces = st.one_of(st.text(max_size=40), st.sampled_from(SPECIAL + ["Up", "left", "Dragon", "1 + 2", "\x00", "\u202e", "🙂"]))
+SPECIAL = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "||",
+    "<|eot_id|>",
+]
+pieces = st.one_of(
+    st.text(max_size=40), st.sampled_from(SPECIAL + ["Up", "left", "Dragon", "1 + 2", "\x00", "\u202e", "🙂"])
+)
 hostile = st.lists(pieces, max_size=30).map("".join)
 
 
@@ -42,7 +54,9 @@ def engines(tiny_tokenizer):
             return [(list(ids), [-1.0] * len(ids)) for _ in sequences]
 
     backend = Replay()
-    engine = RolloutEngine(tiny_tokenizer, backend, RolloutConfig(max_turns=2, max_tokens_per_turn=64), [tiny_tokenizer.eos_token_id])
+    engine = RolloutEngine(
+        tiny_tokenizer, backend, RolloutConfig(max_turns=2, max_tokens_per_turn=64), [tiny_tokenizer.eos_token_id]
+    )
     return engine, backend
 
 

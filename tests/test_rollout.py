@@ -1,15 +1,16 @@
 import copy
 import pathlib
 
+import gymnasium as gym
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import torch
 import trl
-
 from conftest import assert_logprobs_match_a_forward_pass, env_spans
-from starpo_trl.prompting import parse_reply
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout.prompting import parse_reply
 
 TEMPLATES = pathlib.Path(trl.__file__).parent / "chat_templates"
 
@@ -75,9 +76,13 @@ def test_bandit_rewards_and_format_penalty(tiny_tokenizer, scripted):
     env = gym.make("starpo/Bandit-v0").unwrapped
     env.reset(seed=4)
     safe = env.action_names[1 - env.risky]
-    eps = engine(tiny_tokenizer, scripted(f"<think>safe</think><answer>{safe}</answer>"), max_turns=1).run([StartState("starpo/Bandit-v0", 4)])
+    eps = engine(tiny_tokenizer, scripted(f"<think>safe</think><answer>{safe}</answer>"), max_turns=1).run(
+        [StartState("starpo/Bandit-v0", 4)]
+    )
     assert eps[0].turn_rewards == [0.15] and not eps[0].success
-    eps = engine(tiny_tokenizer, scripted("<answer>Dragon</answer>"), max_turns=2).run([StartState("starpo/Bandit-v0", 4)])
+    eps = engine(tiny_tokenizer, scripted("<answer>Dragon</answer>"), max_turns=2).run(
+        [StartState("starpo/Bandit-v0", 4)]
+    )
     assert eps[0].turn_rewards == [-0.1, -0.1] and eps[0].num_format_errors == 2
 
 
@@ -96,7 +101,11 @@ def test_malformed_output_is_a_format_penalty_never_a_crash(tiny_tokenizer, scri
     for env_id in ("starpo/Sokoban-v0", "starpo/Countdown-v0", "starpo/Bandit-v0"):
         eps = engine(tiny_tokenizer, scripted(reply), max_turns=2).run([StartState(env_id, 0)])
         ep = eps[0]
-        parsed = parse_reply(tiny_tokenizer.decode(tiny_tokenizer(reply, add_special_tokens=False)["input_ids"], skip_special_tokens=True))
+        parsed = parse_reply(
+            tiny_tokenizer.decode(
+                tiny_tokenizer(reply, add_special_tokens=False)["input_ids"], skip_special_tokens=True
+            )
+        )
         if not parsed.format_ok:
             assert ep.num_format_errors == ep.num_turns and ep.turn_rewards[0] == pytest.approx(-0.1)
         assert len(ep.completion_ids) == len(ep.env_mask) == len(ep.logprobs)
@@ -106,14 +115,18 @@ def test_episode_token_cap_cuts_at_a_turn_boundary(tiny_tokenizer, scripted):
     reply = "<think>thinking hard</think><answer>Left</answer>"
     full = engine(tiny_tokenizer, scripted(reply), max_turns=5).run([StartState("starpo/Sokoban-v0", 1)])[0]
     cap = full.turn_end_positions[1] + 5  # room for two turns, not for the third's observation
-    ep = engine(tiny_tokenizer, scripted(reply), max_turns=5, max_episode_tokens=cap).run([StartState("starpo/Sokoban-v0", 1)])[0]
+    ep = engine(tiny_tokenizer, scripted(reply), max_turns=5, max_episode_tokens=cap).run(
+        [StartState("starpo/Sokoban-v0", 1)]
+    )[0]
     assert ep.truncated and ep.num_turns == 2
     assert ep.completion_ids == full.completion_ids[: full.turn_end_positions[1] + 1]
     assert ep.env_mask == full.env_mask[: len(ep.completion_ids)] and ep.env_mask[-1] == 1
 
 
 def test_per_turn_token_cap_closes_the_turn_with_an_env_token(tiny_tokenizer, scripted):
-    ep = engine(tiny_tokenizer, scripted("<think>" + "a " * 50), max_turns=2, max_tokens_per_turn=8).run([StartState("starpo/Sokoban-v0", 1)])[0]
+    ep = engine(tiny_tokenizer, scripted("<think>" + "a " * 50), max_turns=2, max_tokens_per_turn=8).run(
+        [StartState("starpo/Sokoban-v0", 1)]
+    )[0]
     first_env = ep.env_mask.index(0)
     assert first_env == 8 and ep.completion_ids[first_env] == tiny_tokenizer.eos_token_id
 
@@ -131,7 +144,11 @@ def _template_tokenizer(tiny_tokenizer, name, extra_special=()):
     [
         ("qwen2_5.jinja", "<|im_end|>", ()),
         ("qwen3.jinja", "<|im_end|>", ()),
-        ("llama3.jinja", "<|eot_id|>", ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+        (
+            "llama3.jinja",
+            "<|eot_id|>",
+            ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        ),
     ],
 )
 def test_real_chat_templates_work(tiny_tokenizer, name, eos, special):
@@ -180,7 +197,12 @@ def test_env_that_raises_ends_only_its_episode(tiny_tokenizer, scripted, monkeyp
 def test_reply_parsing_is_linear_in_the_reply_length():
     import time
 
-    for reply in ("<think></think><answer>" * 45_000, "<think><answer></think>" * 45_000, "<answer>" * 120_000, "</think>" * 120_000):
+    for reply in (
+        "<think></think><answer>" * 45_000,
+        "<think><answer></think>" * 45_000,
+        "<answer>" * 120_000,
+        "</think>" * 120_000,
+    ):
         assert len(reply) >= 960_000
         for think in (True, False):
             seconds = []
@@ -193,11 +215,16 @@ def test_reply_parsing_is_linear_in_the_reply_length():
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "\xa0", "\x1c", "a", "Up", "||"]), max_size=14))
+@given(
+    st.lists(
+        st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "\xa0", "\x1c", "a", "Up", "||"]),
+        max_size=14,
+    )
+)
 def test_linear_parser_finds_what_the_regex_finds(parts):
     import re
 
-    from starpo_trl.prompting import _find_answer, _find_think_answer
+    from starpo_trl.rollout.prompting import _find_answer, _find_think_answer
 
     text = "".join(parts)
     m = re.search(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", text, re.DOTALL)
@@ -209,10 +236,13 @@ def test_linear_parser_finds_what_the_regex_finds(parts):
 def test_sampling_ignores_the_checkpoints_own_generation_settings(tiny_tokenizer, tiny_model):
     """Tokens come from softmax(logits / T), whatever the checkpoint's generation_config sets: the
     recorded logprobs (and TRL's loss) are that distribution's."""
+
     def play(model):
         torch.manual_seed(0)
         backend = HFBackend(model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
-        return engine(tiny_tokenizer, backend, max_turns=2, max_tokens_per_turn=16, temperature=0.7).run(sokoban_starts(2, 2))
+        return engine(tiny_tokenizer, backend, max_turns=2, max_tokens_per_turn=16, temperature=0.7).run(
+            sokoban_starts(2, 2)
+        )
 
     clean = play(tiny_model)
     opinionated = copy.deepcopy(tiny_model)
@@ -226,8 +256,10 @@ def test_sampling_ignores_the_checkpoints_own_generation_settings(tiny_tokenizer
     # and those settings would have changed the draw: the test can fail
     torch.manual_seed(0)
     ids = torch.tensor([clean[0].prompt_ids])
-    out = opinionated.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, pad_token_id=tiny_tokenizer.pad_token_id)
-    assert out[0, ids.shape[1]:].tolist() != clean[0].completion_ids[:16]
+    out = opinionated.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, pad_token_id=tiny_tokenizer.pad_token_id
+    )
+    assert out[0, ids.shape[1] :].tolist() != clean[0].completion_ids[:16]
 
 
 class ByEnvBackend:
@@ -237,8 +269,14 @@ class ByEnvBackend:
     def __init__(self, tokenizer):
         self.tokenizer, self.calls = tokenizer, []
         eos = [tokenizer.eos_token_id]
-        self.long = tokenizer("<think>" + "push " * 30 + "</think><answer>Up</answer>", add_special_tokens=False)["input_ids"] + eos
-        self.medium = tokenizer("<think>" + "go " * 22 + "</think><answer>Right</answer>", add_special_tokens=False)["input_ids"] + eos
+        self.long = (
+            tokenizer("<think>" + "push " * 30 + "</think><answer>Up</answer>", add_special_tokens=False)["input_ids"]
+            + eos
+        )
+        self.medium = (
+            tokenizer("<think>" + "go " * 22 + "</think><answer>Right</answer>", add_special_tokens=False)["input_ids"]
+            + eos
+        )
 
     def generate(self, sequences, max_new_tokens, temperature):
         self.calls.append((len(sequences), max_new_tokens))
@@ -264,6 +302,7 @@ def test_an_episode_is_limited_by_its_own_token_room_only(tiny_tokenizer):
 def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer, tiny_model):
     """With reuse each turn feeds only its new tokens (the reply's last token and the observation);
     the episodes are the ones a full re-read of the history gives."""
+
     def play(reuse):
         torch.manual_seed(0)
         backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id], reuse_cache=reuse)
@@ -287,4 +326,25 @@ def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer
     assert full_backend.prefill_tokens >= sum(len(ep.prompt_ids) for ep in full)  # no sharing without reuse
     # a new rollout starts from nothing: the engine resets the backend's kept state
     again = engine(tiny_tokenizer, backend, max_turns=1, max_tokens_per_turn=4).run(sokoban_starts(1, 1))
-    assert again and backend._kept and all(len(t) == len(again[0].prompt_ids) + len(again[0].completion_ids) - 1 for t, _ in backend._kept)
+    assert (
+        again
+        and backend._kept
+        and all(len(t) == len(again[0].prompt_ids) + len(again[0].completion_ids) - 1 for t, _ in backend._kept)
+    )
+
+
+def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(tiny_tokenizer, scripted):
+    """The engine keeps no per-run state: the backend can change between runs (as the trainer's
+    does with new weights), and each run returns its own timings."""
+    from starpo_trl.rollout import Rollout
+
+    eng = RolloutEngine(tiny_tokenizer, None, RolloutConfig(max_turns=1), [tiny_tokenizer.eos_token_id])
+    with pytest.raises(ValueError, match="backend"):
+        eng.run([StartState("starpo/Bandit-v0", 4)])
+    safe = "Dragon" if "Dragon: pays 0.15" in str(gym.make("starpo/Bandit-v0").reset(seed=4)[0]) else "Phoenix"
+    first = eng.run([StartState("starpo/Bandit-v0", 4)], backend=scripted(f"<think>x</think><answer>{safe}</answer>"))
+    second = eng.run([StartState("starpo/Bandit-v0", 4)], backend=scripted("<answer>nonsense</answer>"))
+    assert isinstance(first, Rollout) and set(first.timings) == {"generate", "env"} and first.timings["generate"] >= 0
+    assert first[0].num_format_errors == 0 and second[0].num_format_errors == 1
+    assert first.timings is not second.timings
+    assert not hasattr(eng, "timings") and not hasattr(eng, "progress")

@@ -3,7 +3,7 @@
 import pytest
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-from starpo_trl.shaping import ThinkShaping, think_reward
+from starpo_trl.rollout.shaping import ThinkShaping, think_reward
 
 
 def test_think_reward_by_hand():
@@ -12,13 +12,21 @@ def test_think_reward_by_hand():
     assert think_reward("left", None, s) == 0.0  # too short
     assert think_reward("one two three four five", None, s) == 0.0  # too long
     assert think_reward("", None, s) == 0.0 and think_reward(None, None, s) == 0.0
-    assert think_reward("go  left now", "go left\nnow", s) == pytest.approx(0.1 - 0.3)  # verbatim copy, whitespace aside
+    assert think_reward("go  left now", "go left\nnow", s) == pytest.approx(
+        0.1 - 0.3
+    )  # verbatim copy, whitespace aside
     assert think_reward("go right now", "go left now", s) == pytest.approx(0.1)
     assert not ThinkShaping().enabled
 
 
 def engine(tokenizer, backend, shaping=None, hook=None):
-    cfg = RolloutConfig(max_turns=3, max_actions_per_turn=1, max_tokens_per_turn=40, format_penalty=-0.1, think_shaping=shaping or ThinkShaping())
+    cfg = RolloutConfig(
+        max_turns=3,
+        max_actions_per_turn=1,
+        max_tokens_per_turn=40,
+        format_penalty=-0.1,
+        think_shaping=shaping or ThinkShaping(),
+    )
     return RolloutEngine(tokenizer, backend, cfg, [tokenizer.eos_token_id], reasoning_reward_fn=hook)
 
 

@@ -15,7 +15,11 @@ def test_tiny_checkpoint_reloads_with_identical_tokenisation(tmp_path, tiny_toke
     for text in TEXTS:
         assert tok(text).input_ids == tiny_tokenizer(text).input_ids
         assert tok.decode(tok(text).input_ids) == text
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+    ]
     assert tok.apply_chat_template(messages) == tiny_tokenizer.apply_chat_template(messages)
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     model = AutoModelForCausalLM.from_pretrained(path)

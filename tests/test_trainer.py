@@ -43,10 +43,22 @@ def test_train_steps_run_and_log_episode_metrics(tmp_path, tiny_tokenizer, fresh
     trainer = MultiTurnStarPOTrainer(fresh_model, make_args(tmp_path), processing_class=tiny_tokenizer)
     trainer.train()
     logged = {k for row in trainer.state.log_history for k in row}
-    for key in ("env/Bandit-v0/success", "env/Bandit-v0/pass@4", "env/Bandit-v0/valid_action_rate",
-                "env/Bandit-v0/group_reward_std_mean", "env/Bandit-v0/frac_zero_std_groups",
-                "rollout/kept_fraction", "entropy", "grad_norm", "clip_ratio/high_mean", "env/errors",
-                "reasoning/reasoning_rate", "reasoning/distinct_2", "reasoning/template_share", "reasoning/similarity_to_previous_step"):
+    for key in (
+        "env/Bandit-v0/success",
+        "env/Bandit-v0/pass@4",
+        "env/Bandit-v0/valid_action_rate",
+        "env/Bandit-v0/group_reward_std_mean",
+        "env/Bandit-v0/frac_zero_std_groups",
+        "rollout/kept_fraction",
+        "entropy",
+        "grad_norm",
+        "clip_ratio/high_mean",
+        "env/errors",
+        "reasoning/reasoning_rate",
+        "reasoning/distinct_2",
+        "reasoning/template_share",
+        "reasoning/similarity_to_previous_step",
+    ):
         assert key in logged, key
     metrics = trainer.evaluate()
     assert 0.0 <= metrics["eval_success"] <= 1.0
@@ -73,7 +85,11 @@ def test_filter_runs_before_any_forward_pass(tmp_path, tiny_tokenizer, fresh_mod
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
     rows = []
     real = trainer._get_per_token_logps_and_entropies
-    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", lambda m, ids, *a, **k: rows.append(ids.shape[0]) or real(m, ids, *a, **k))
+    monkeypatch.setattr(
+        trainer,
+        "_get_per_token_logps_and_entropies",
+        lambda m, ids, *a, **k: rows.append(ids.shape[0]) or real(m, ids, *a, **k),
+    )
     rewards = [0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 1, 1, 0, 5, 0, 5]  # stds: 0, 1.29, 0, 2.89 -> keep groups 1 and 3
     batch = _batch(trainer, monkeypatch, rewards)
     assert rows == [8] and "old_per_token_logps" in batch
@@ -84,7 +100,9 @@ def test_filter_runs_before_any_forward_pass(tmp_path, tiny_tokenizer, fresh_mod
 
 
 def test_ratio_one_matches_plain_group_normalised_grpo(tmp_path, tiny_tokenizer, fresh_model, monkeypatch):
-    trainer = MultiTurnStarPOTrainer(fresh_model, make_args(tmp_path, rollout_filter_ratio=1.0), processing_class=tiny_tokenizer)
+    trainer = MultiTurnStarPOTrainer(
+        fresh_model, make_args(tmp_path, rollout_filter_ratio=1.0), processing_class=tiny_tokenizer
+    )
     rewards = torch.tensor([0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 1, 1, 0, 5, 0, 5], dtype=torch.float32)
     batch = _batch(trainer, monkeypatch, rewards.tolist())
     grouped = rewards.view(4, 4)

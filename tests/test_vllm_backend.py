@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-from starpo_trl.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
+from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
 
 class FakeGeneration:
@@ -40,7 +40,9 @@ def test_backend_takes_sampled_logprobs_cuts_at_eos_and_restores_settings(tiny_t
     out = backend.generate([[1, 2, 3], [4, 5]], max_new_tokens=40, temperature=0.7)
     n = len(tiny_tokenizer("<answer>Left</answer>", add_special_tokens=False)["input_ids"]) + 1
     assert [len(ids) for ids, _ in out] == [n, n] and out[0][0][-1] == tiny_tokenizer.eos_token_id
-    assert out[0][1] == pytest.approx([-0.5 - 0.01 * t for t in range(n)])  # the sampled token's logprob, not the top-k
+    assert out[0][1] == pytest.approx(
+        [-0.5 - 0.01 * t for t in range(n)]
+    )  # the sampled token's logprob, not the top-k
     assert gen.calls == [(2, 40, 0.7)]
     assert (gen.max_completion_length, gen.temperature) == (16, 1.0)  # TRL's own settings are put back
 
@@ -57,7 +59,9 @@ def test_backend_pads_to_the_largest_process_and_joins_calls_with_no_prompts(tin
     out = backend.generate([], max_new_tokens=0, temperature=1.0)
     assert out == [] and gen.calls[-1] == (5, 30, 1.0) and len(gen.calls) == 2  # still in the collective call
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda obj: obj + [(0, 0)])
-    assert backend.generate([], max_new_tokens=0, temperature=1.0) == [] and len(gen.calls) == 2  # nobody active: no call
+    assert (
+        backend.generate([], max_new_tokens=0, temperature=1.0) == [] and len(gen.calls) == 2
+    )  # nobody active: no call
 
 
 def test_engine_keeps_a_collective_backend_in_step_until_max_turns(tiny_tokenizer, monkeypatch):

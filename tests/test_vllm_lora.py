@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.vllm_lora import AdapterSync, LoRALLM, lora_engine, lora_rank, max_lora_rank
+from starpo_trl.rollout.lora_sync import AdapterSync, LoRALLM, lora_engine, lora_rank, max_lora_rank
 
 
 class LoRARequest:  # vllm.lora.request.LoRARequest's positional signature: name, int id, path
@@ -20,7 +20,11 @@ class LoRARequest:  # vllm.lora.request.LoRARequest's positional signature: name
 def fake_vllm(monkeypatch):
     request = types.ModuleType("vllm.lora.request")
     request.LoRARequest = LoRARequest
-    for name, module in (("vllm", types.ModuleType("vllm")), ("vllm.lora", types.ModuleType("vllm.lora")), ("vllm.lora.request", request)):
+    for name, module in (
+        ("vllm", types.ModuleType("vllm")),
+        ("vllm.lora", types.ModuleType("vllm.lora")),
+        ("vllm.lora.request", request),
+    ):
         monkeypatch.setitem(sys.modules, name, module)
 
 
@@ -73,11 +77,16 @@ def test_lora_engine_builds_trls_llm_with_lora_support(monkeypatch):
     with lora_engine(12):
         vllm_generation.LLM(model="base", seed=0)
     vllm_generation.LLM(model="base", seed=0)  # outside: TRL's own arguments only
-    assert made == [{"model": "base", "seed": 0, "enable_lora": True, "max_lora_rank": 16, "max_loras": 1}, {"model": "base", "seed": 0}]
+    assert made == [
+        {"model": "base", "seed": 0, "enable_lora": True, "max_lora_rank": 16, "max_loras": 1},
+        {"model": "base", "seed": 0},
+    ]
 
 
 def test_config_refuses_lora_sync_outside_colocate(tmp_path):
-    base = dict(output_dir=str(tmp_path), env_id="starpo/Bandit-v0", num_start_states=2, num_generations=2, report_to=[])
+    base = dict(
+        output_dir=str(tmp_path), env_id="starpo/Bandit-v0", num_start_states=2, num_generations=2, report_to=[]
+    )
     with pytest.raises(ValueError, match="colocate"):
         StarPOConfig(**base, vllm_lora_sync=True)
     with pytest.raises(ValueError, match="colocate"):
@@ -92,25 +101,47 @@ def policy_lora(tiny_tokenizer):
 
     from starpo_trl.tiny import build_tiny_model
 
-    return get_peft_model(build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    return get_peft_model(
+        build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
 
 
-def test_trainer_pushes_only_the_adapter_with_a_new_request_each_step(tmp_path, tiny_tokenizer, policy_lora, fake_vllm):
+def test_trainer_pushes_only_the_adapter_with_a_new_request_each_step(
+    tmp_path, tiny_tokenizer, policy_lora, fake_vllm
+):
     args = StarPOConfig(
-        output_dir=str(tmp_path), env_id="starpo/Bandit-v0", max_turns=1, max_tokens_per_turn=12, num_start_states=2, num_generations=2,
-        rollout_filter_ratio=1.0, per_device_train_batch_size=4, gradient_accumulation_steps=1, report_to=[], save_strategy="no",
-        disable_tqdm=True, seed=0, learning_rate=1e-2,
+        output_dir=str(tmp_path),
+        env_id="starpo/Bandit-v0",
+        max_turns=1,
+        max_tokens_per_turn=12,
+        num_start_states=2,
+        num_generations=2,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        learning_rate=1e-2,
     )
     trainer = MultiTurnStarPOTrainer(policy_lora, args, processing_class=tiny_tokenizer)
-    reply = tiny_tokenizer("<think>x</think><answer>Dragon</answer>", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
+    reply = tiny_tokenizer("<think>x</think><answer>Dragon</answer>", add_special_tokens=False)["input_ids"] + [
+        tiny_tokenizer.eos_token_id
+    ]
     llm = FakeLLM(reply)
     trainer.use_vllm, trainer.vllm_generation = True, FakeGeneration(llm)  # vLLM itself needs a GPU
     trainer._last_loaded_step = -1  # as TRL sets it with use_vllm
-    trainer.adapter_sync = AdapterSync(trainer.vllm_generation, trainer.accelerator.unwrap_model(trainer.model), str(tmp_path / "adapters"))
+    trainer.adapter_sync = AdapterSync(
+        trainer.vllm_generation, trainer.accelerator.unwrap_model(trainer.model), str(tmp_path / "adapters")
+    )
     assert isinstance(trainer.vllm_generation.llm, LoRALLM)
 
     def lora_weights():
-        return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n and ".default." in n}
+        return {
+            n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n and ".default." in n
+        }
 
     seen = []
     for step in range(3):

@@ -47,8 +47,12 @@ def think_reward(think: str | None, previous_think: str | None, shaping: ThinkSh
 
 
 def turn_shaping_reward(
-    think: str | None, answer: str | None, previous_think: str | None, turn: int,
-    shaping: ThinkShaping, hook: Callable | None = None,
+    think: str | None,
+    answer: str | None,
+    previous_think: str | None,
+    turn: int,
+    shaping: ThinkShaping,
+    hook: Callable | None = None,
 ) -> float:
     """All shaping for one turn: ``think_reward`` plus the user's hook, if any."""
     reward = think_reward(think, previous_think, shaping)

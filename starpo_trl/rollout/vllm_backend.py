@@ -15,7 +15,7 @@ it one turn at a time:
 
 The trainer syncs weights before each rollout when the step changed (TRL's ``sync_weights``: with
 PEFT the adapter is merged and the merged weights are pushed; with ``vllm_lora_sync`` only the
-adapter, see ``starpo_trl.vllm_lora``) and applies TRL's importance-sampling
+adapter, see ``starpo_trl.rollout.lora_sync``) and applies TRL's importance-sampling
 correction (``vllm_importance_sampling_ratio``) between vLLM's and the trainer's logprobs.
 """
 
@@ -62,15 +62,21 @@ class VLLMBackend:
         results = []
         for ids, lps in zip(completion_ids[: len(sequences)], logprobs[: len(sequences)]):
             ids = list(ids)
-            lps = [float(lp[0]) if lp and lp[0] is not None else float("nan") for lp in lps]  # the sampled token comes first
+            lps = [
+                float(lp[0]) if lp and lp[0] is not None else float("nan") for lp in lps
+            ]  # the sampled token comes first
             end = next((t + 1 for t, tok in enumerate(ids) if tok in eos), len(ids))
             results.append((ids[:end], lps[:end]))
         return results
 
 
 def vllm_importance_sampling_ratio(
-    old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str = "token_truncate",
-    clip_min: float | None = None, clip_max: float | None = 3.0,
+    old_logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_truncate",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
 ) -> torch.Tensor:
     """TRL's truncated / masked importance-sampling weight between the trainer's and vLLM's logprobs.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from starpo_trl.envs_registry import env_name
+from envs.contract import env_name
 
 # (field, label) of the StarPO settings shown in the card
 SETTINGS = (
@@ -33,7 +33,18 @@ SETTINGS = (
     ("seed", "seed"),
 )
 # metrics of the evaluation table, in order; others are appended
-EVAL_ORDER = ("success", "pass@1", "reward_mean", "valid_action_rate", "effective_action_rate", "format_error_rate", "turns", "actions", "truncated", "env_errors")
+EVAL_ORDER = (
+    "success",
+    "pass@1",
+    "reward_mean",
+    "valid_action_rate",
+    "effective_action_rate",
+    "format_error_rate",
+    "turns",
+    "actions",
+    "truncated",
+    "env_errors",
+)
 
 CITATION = """@article{wang2025ragen,
   title   = {RAGEN: Understanding Self-Evolution in LLM Agents via Multi-Turn Reinforcement Learning},
@@ -58,12 +69,18 @@ def evaluation_table(results: dict[str, dict]) -> str:
     keys += sorted({k for r in results.values() for k in r} - set(keys) - {"env_id"})
     lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for key in keys:
-        lines.append(f"| {key} | " + " | ".join(_fmt(results[n][key]) if key in results[n] else "" for n in names) + " |")
+        lines.append(
+            f"| {key} | " + " | ".join(_fmt(results[n][key]) if key in results[n] else "" for n in names) + " |"
+        )
     return "\n".join(lines)
 
 
 def render_model_card(
-    args, base_model: str | None, evaluation: dict[str, dict] | None = None, recipe: str | None = None, model_id: str | None = None,
+    args,
+    base_model: str | None,
+    evaluation: dict[str, dict] | None = None,
+    recipe: str | None = None,
+    model_id: str | None = None,
     adapter: bool = False,
 ) -> ModelCard:
     """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``
@@ -75,7 +92,9 @@ def render_model_card(
         pipeline_tag="text-generation",
         tags=["starpo-trl", "trl", "reinforcement-learning", "multi-turn", "agent", env],
     )
-    settings = "\n".join(f"| {label} | `{_fmt(getattr(args, name))}` |" for name, label in SETTINGS if hasattr(args, name))
+    settings = "\n".join(
+        f"| {label} | `{_fmt(getattr(args, name))}` |" for name, label in SETTINGS if hasattr(args, name)
+    )
     eval_env = args.eval_env_id or args.env_id
     lines = [
         "---",
@@ -117,4 +136,3 @@ def render_model_card(
         lines += ["", "## Recipe", "", "```yaml", recipe.rstrip(), "```"]
     lines += ["", "## Citation", "", "```bibtex", CITATION, "```", ""]
     return ModelCard("\n".join(lines))
-

@@ -97,7 +97,9 @@ def _expected_types(param) -> tuple:
     return ()
 
 
-def check_env_contract(env_id: str, env_kwargs: dict, field_name: str = "env_id", seeds=(0, 1), steps: int = 3) -> None:
+def check_env_contract(
+    env_id: str, env_kwargs: dict, field_name: str = "env_id", seeds=(0, 1), steps: int = 3
+) -> None:
     """Build the env and play a few steps; raise a clear error if it breaks the text-env contract.
 
     Checks: ``gymnasium.make`` accepts the kwargs, ``reset``/``step`` return string observations,
@@ -124,13 +126,19 @@ def check_env_contract(env_id: str, env_kwargs: dict, field_name: str = "env_id"
 
 def _check_step_output(env_id, field_name, obs, reward, info, where):
     if not isinstance(obs, str):
-        raise ValueError(f"{field_name}={env_id!r}: {where} returned a {type(obs).__name__} observation; text envs return str.")
+        raise ValueError(
+            f"{field_name}={env_id!r}: {where} returned a {type(obs).__name__} observation; text envs return str."
+        )
     try:
         ok = math.isfinite(float(reward))
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ValueError(f"{field_name}={env_id!r}: {where} returned reward {reward!r}; rewards must be finite numbers (no NaN or inf).")
+        raise ValueError(
+            f"{field_name}={env_id!r}: {where} returned reward {reward!r}; rewards must be finite numbers (no NaN or inf)."
+        )
     missing = {"success", "action_is_valid", "action_is_effective"} - set(info)
     if missing:
-        raise ValueError(f"{field_name}={env_id!r}: {where} info lacks {sorted(missing)}; return envs.base.step_info(...) as info.")
+        raise ValueError(
+            f"{field_name}={env_id!r}: {where} info lacks {sorted(missing)}; return envs.base.step_info(...) as info."
+        )

@@ -68,7 +68,9 @@ def _copy_decoder(decoder) -> nn.Module:
     return copied.to(next(iter(state.values())).dtype)
 
 
-def deepspeed_critic_config(policy_config: dict, micro_batch_size: int, max_grad_norm: float, bf16: bool, fp16: bool) -> dict:
+def deepspeed_critic_config(
+    policy_config: dict, micro_batch_size: int, max_grad_norm: float, bf16: bool, fp16: bool
+) -> dict:
     """The critic engine's DeepSpeed config: the policy's ZeRO stage and offload settings (unresolved
     ``"auto"`` entries dropped), the run's precision, the trainer's gradient clipping, and one optimizer
     step per micro-batch with the critic's own (torch) AdamW."""
@@ -91,8 +93,16 @@ def deepspeed_critic_config(policy_config: dict, micro_batch_size: int, max_grad
 
 class Critic(nn.Module):
     def __init__(
-        self, policy, critic_type: str = "full", learning_rate: float = 1e-5, value_clip: float | None = 0.5, weight_decay: float = 0.01,
-        shard_optimizer: bool | None = None, init_from=None, deepspeed_config: dict | None = None, fsdp_accelerator=None,
+        self,
+        policy,
+        critic_type: str = "full",
+        learning_rate: float = 1e-5,
+        value_clip: float | None = 0.5,
+        weight_decay: float = 0.01,
+        shard_optimizer: bool | None = None,
+        init_from=None,
+        deepspeed_config: dict | None = None,
+        fsdp_accelerator=None,
     ):
         super().__init__()
         if critic_type not in ("full", "lora"):
@@ -100,18 +110,24 @@ class Critic(nn.Module):
         self.critic_type = critic_type
         self.value_clip = value_clip
         if init_from is not None and critic_type != "full":
-            raise ValueError("A separate value model (value_model) needs critic_type='full': the LoRA critic shares the policy's base.")
+            raise ValueError(
+                "A separate value model (value_model) needs critic_type='full': the LoRA critic shares the policy's base."
+            )
         source = policy if init_from is None else init_from  # any causal LM with the policy's tokenizer
         hidden = source.config.get_text_config().hidden_size
         if (deepspeed_config is not None or fsdp_accelerator is not None) and critic_type != "full":
-            raise ValueError("A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy.")
+            raise ValueError(
+                "A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy."
+            )
         if critic_type == "full":
             self.backbone = _copy_decoder(_decoder(source))
             self.backbone.requires_grad_(True)
             self.policy = None
         else:
             if not hasattr(policy, "peft_config"):
-                raise ValueError("critic_type='lora' needs a PEFT policy: train with a peft_config (use_peft=True), or use critic_type='full'.")
+                raise ValueError(
+                    "critic_type='lora' needs a PEFT policy: train with a peft_config (use_peft=True), or use critic_type='full'."
+                )
             policy.add_adapter(CRITIC_ADAPTER, copy.deepcopy(policy.peft_config["default"]))
             policy.set_adapter("default")
             self.backbone = None
@@ -154,7 +170,11 @@ class Critic(nn.Module):
     def _replicated_optimizer(self, shard_optimizer, learning_rate, weight_decay):
         """Weights on every process; AdamW state sharded (ZeRO-1) when several processes train together."""
         if shard_optimizer is None:
-            shard_optimizer = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+            shard_optimizer = (
+                torch.distributed.is_available()
+                and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1
+            )
         if not shard_optimizer:
             return torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -164,7 +184,9 @@ class Critic(nn.Module):
         with torch.no_grad():
             for p in self.trainable_parameters():
                 torch.distributed.broadcast(p.data, src=0)
-        return ZeroRedundancyOptimizer(self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay)
+        return ZeroRedundancyOptimizer(
+            self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay
+        )
 
     @property
     def engine(self):
@@ -174,7 +196,10 @@ class Critic(nn.Module):
     def full_parameters(self) -> list[torch.Tensor]:
         """Whole copies of ``trainable_parameters()``, also when ZeRO-3 or FSDP shard them (collective then)."""
         with self.gathered():
-            return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in self.trainable_parameters()]
+            return [
+                p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+                for p in self.trainable_parameters()
+            ]
 
     def gathered(self):
         """Inside, ``trainable_parameters()`` hold their full values under ZeRO-3 (read-only)."""
@@ -208,7 +233,9 @@ class Critic(nn.Module):
     def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
         """Values at the completion positions. (B, L) -> (B, logits_to_keep), float32. Call inside ``active()``."""
         decoder = self.backbone if self.backbone is not None else _decoder(self.policy[0])
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, -logits_to_keep - 1 : -1]
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[
+            :, -logits_to_keep - 1 : -1
+        ]
         # float32 head (DeepSpeed casts it to the run's precision: the values are returned as float32)
         return self.head(hidden.to(self.head.weight.dtype)).float().squeeze(-1)
 
@@ -226,7 +253,17 @@ class Critic(nn.Module):
             ]
         return torch.cat(chunks)
 
-    def update(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm: float = 1.0, reduce=None) -> dict:
+    def update(
+        self,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        old_values,
+        returns,
+        mask,
+        max_grad_norm: float = 1.0,
+        reduce=None,
+    ) -> dict:
         """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction.
 
         ``reduce(params)``, if given, averages gradients across processes before clipping (FSDP and a
@@ -285,11 +322,16 @@ class Critic(nn.Module):
 
     def _fsdp_optimizer_state(self) -> dict:
         """FSDP: the whole AdamW state on every process, in an unsharded optimizer's layout (indices, not names)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         full = get_optimizer_state_dict(self, self.optimizer, options=StateDictOptions(full_state_dict=True))
         index = {name: i for i, name in enumerate(self._parameter_names())}
-        state = {index[n]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for n, s in full["state"].items()}
+        state = {
+            index[n]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for n, s in full["state"].items()
+        }
         groups = [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]
         return {"state": state, "param_groups": groups}
 
@@ -325,17 +367,27 @@ class Critic(nn.Module):
         tensors = load_file(os.path.join(directory, "critic.safetensors"))
         params = self.trainable_parameters()
         if len(tensors) != len(params):
-            raise ValueError(f"{directory} holds {len(tensors)} critic tensors, this critic has {len(params)}: was it saved with another critic_type?")
-        optimizer_state = torch.load(os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True)
+            raise ValueError(
+                f"{directory} holds {len(tensors)} critic tensors, this critic has {len(params)}: was it saved with another critic_type?"
+            )
+        optimizer_state = torch.load(
+            os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True
+        )
         if self.fsdp:  # whole tensors in, each process keeps its shard
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
 
             names = self._parameter_names()
             options = StateDictOptions(full_state_dict=True, strict=False)
             set_model_state_dict(self, {n: tensors[f"{i:05d}"] for i, n in enumerate(names)}, options=options)
             optimizer_state = {
                 "state": {names[i]: s for i, s in optimizer_state["state"].items()},
-                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]],
+                "param_groups": [
+                    {**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]
+                ],
             }
             set_optimizer_state_dict(self, self.optimizer, optimizer_state, options=options)
             return
@@ -370,3 +422,61 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         return float("nan")
     var = r.var()
     return float("nan") if var == 0 else float(1 - (r - v).var() / var)
+
+
+def build_critic(policy, args, accelerator, value_model=None) -> Critic | None:
+    """The critic ``args.advantage_estimator`` needs (None for one that needs none), held as the
+    policy is: its own DeepSpeed engine with the policy's ZeRO stage, sharded by Accelerate's FSDP2,
+    or replicated. Refuses, before anything is built, the combinations that cannot work.
+
+    ``policy`` is the unwrapped policy; ``value_model`` (a model, a Hub id / local dir, or None for
+    the policy's own weights) initialises a full critic; ``args`` is the ``StarPOConfig``.
+    """
+    from starpo_trl.algorithms.estimators import critic_estimators, get_estimator
+
+    if not get_estimator(args.advantage_estimator).critic:
+        if value_model is not None:
+            raise ValueError(
+                f"value_model is only used by a critic: set advantage_estimator to one of {critic_estimators()}."
+            )
+        return None
+    deepspeed_config = fsdp_accelerator = None
+    if getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        if args.critic_type == "lora":
+            raise ValueError(
+                "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
+                "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
+            )
+        fsdp_accelerator = accelerator
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        if args.critic_type == "lora" and plugin.zero_stage == 3:
+            raise ValueError(
+                "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
+                "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
+            )
+        if args.critic_type == "full":  # its own engine: sharded as the policy is
+            precision = accelerator.mixed_precision
+            deepspeed_config = deepspeed_critic_config(
+                plugin.deepspeed_config,
+                args.per_device_train_batch_size,
+                args.max_grad_norm,
+                precision == "bf16",
+                precision == "fp16",
+            )
+    if isinstance(value_model, str):
+        from transformers import AutoModelForCausalLM
+
+        value_model = AutoModelForCausalLM.from_pretrained(
+            value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code
+        )
+    return Critic(
+        policy,
+        args.critic_type,
+        args.critic_learning_rate,
+        args.value_clip,
+        args.weight_decay,
+        init_from=value_model,
+        deepspeed_config=deepspeed_config,
+        fsdp_accelerator=fsdp_accelerator,
+    )

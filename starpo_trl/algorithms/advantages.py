@@ -1,8 +1,9 @@
-"""StarPO algorithms as pure tensor functions: group statistics, the variance filter, GRPO advantages.
+"""Advantage estimators and reward shaping as pure tensor functions: GRPO / RLOO group advantages,
+reward normalisation, GAE over model tokens and the bi-level (turn, token) GAE.
 
 Rewards arrive as a flat tensor of ``num_groups * group_size`` trajectory rewards, grouped
 consecutively (trajectories ``[g * G, (g + 1) * G)`` share start state ``g``). A NaN reward marks
-a trajectory left out (its env failed): statistics ignore it and its advantage is 0.
+a trajectory left out (its env failed): its advantage is 0.
 """
 
 from __future__ import annotations
@@ -11,91 +12,7 @@ import math
 
 import torch
 
-
-def nanstd(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
-    """Unbiased std ignoring NaNs (NaN where fewer than two values)."""
-    valid = ~torch.isnan(x)
-    n = valid.sum(dim=dim, keepdim=True)
-    mean = torch.nanmean(x, dim=dim, keepdim=True)
-    var = torch.where(valid, (x - mean) ** 2, torch.zeros_like(x)).sum(dim=dim, keepdim=True) / (n - 1)
-    var = torch.where(n > 1, var, torch.full_like(var, float("nan")))
-    return var.sqrt() if keepdim else var.sqrt().squeeze(dim)
-
-
-def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """In-group standard deviation (unbiased, as in GRPO) of trajectory rewards. (N,) -> (N / G,)."""
-    return nanstd(rewards.view(-1, group_size), dim=1)
-
-
-def between_group_share(rewards: torch.Tensor, group_size: int) -> float:
-    """Estimated share of the reward variance that lies between start states (groups), in [0, 1].
-
-    The one-way random-effects (ANOVA) estimate: ``s_b = max(0, (MSB - MSW) / G)``, ``s_w = MSW``,
-    share ``s_b / (s_b + s_w)``, which corrects the spread of group means for their sampling noise.
-    A critic that knows the start state, and nothing after it, explains about this share of the
-    return variance (gamma = lambda = 1, trajectory reward); an ideal one at least that. Groups with
-    a failed episode (NaN) are left out; NaN when fewer than two groups remain or all rewards are equal.
-    """
-    r = rewards.view(-1, group_size).double()
-    r = r[~torch.isnan(r).any(dim=1)]
-    k = len(r)
-    if k < 2:
-        return float("nan")
-    means = r.mean(dim=1)
-    msb = group_size * ((means - means.mean()) ** 2).sum() / (k - 1)
-    msw = ((r - means[:, None]) ** 2).sum() / (k * (group_size - 1))
-    between = torch.clamp((msb - msw) / group_size, min=0.0)
-    total = between + msw
-    return float("nan") if total == 0 else float(between / total)
-
-
-def num_kept_groups(num_groups: int, ratio: float) -> int:
-    """How many groups a keep-ratio keeps: ``ceil(ratio * num_groups)`` (at least one for ratio > 0)."""
-    return min(num_groups, max(1, math.ceil(ratio * num_groups - 1e-9)))
-
-
-def select_groups(rewards: torch.Tensor, group_size: int, ratio: float, metric: str = "std") -> torch.Tensor:
-    """Indices (sorted) of the groups the StarPO-S variance filter keeps.
-
-    ``metric="std"`` keeps the ``ratio`` share of groups with the LARGEST in-group reward std (most
-    uncertain start states), ``"std_rev"`` the smallest, ``"none"`` keeps every group. Ranking uses
-    the raw trajectory rewards: normalise only after selection. Ties keep the earlier group.
-
-    rewards: (num_groups * group_size,) -> (num_kept,) long tensor of group indices.
-    """
-    num_groups = rewards.numel() // group_size
-    if metric == "none" or ratio >= 1.0:
-        return torch.arange(num_groups)
-    if metric not in ("std", "std_rev"):
-        raise ValueError(f"rollout_filter_metric must be 'std', 'std_rev' or 'none', got {metric!r}")
-    k = num_kept_groups(num_groups, ratio)
-    std = group_std(rewards.float(), group_size)
-    std = torch.nan_to_num(std, nan=float("inf") if metric == "std_rev" else -1.0)  # groups of failed envs go last
-    # stable sort so equal stds keep the earlier group
-    order = torch.sort(std if metric == "std_rev" else -std, stable=True).indices
-    return torch.sort(order[:k]).values
-
-
-def expand_groups(group_indices: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Trajectory indices of the given groups. (K,) -> (K * group_size,)."""
-    return (group_indices[:, None] * group_size + torch.arange(group_size)[None, :]).reshape(-1)
-
-
-def constant_groups(view: torch.Tensor) -> torch.Tensor:
-    """Rows (groups) of ``view`` (K, G) whose non-NaN values are all equal, as a (K, 1) bool tensor.
-
-    Such a group carries no signal: centring it must give exact zeros, not float rounding noise
-    (16 copies of 2.4146361351013184 have a float32 mean that differs from the value in its last bit).
-    """
-    low = torch.where(torch.isnan(view), torch.full_like(view, math.inf), view).amin(dim=1, keepdim=True)
-    high = torch.where(torch.isnan(view), torch.full_like(view, -math.inf), view).amax(dim=1, keepdim=True)
-    return (low == high) | (low == math.inf)
-
-
-def centred(view: torch.Tensor) -> torch.Tensor:
-    """Each row of ``view`` (K, G) minus its NaN-ignoring mean; exactly 0 in a constant row."""
-    mean = torch.nanmean(view, dim=1, keepdim=True)
-    return torch.where(constant_groups(view), torch.zeros_like(view), view - mean)
+from starpo_trl.algorithms.stats import centred, constant_groups, nanstd
 
 
 def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
@@ -125,7 +42,9 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.where(valid & (count > 0), grouped - others, torch.zeros_like(grouped)).reshape(-1)
 
 
-def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
+def reward_normalization_terms(
+    rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(shift, scale)`` per trajectory such that the normalised reward is ``(r - shift) / scale``.
 
     ``identity``: (0, 1); ``mean``: (mean, 1); ``mean_std`` and ``asym_clip``: (mean, std + 1e-6),
@@ -147,7 +66,9 @@ def reward_normalization_terms(rewards: torch.Tensor, group_size: int, method: s
     return shift.reshape(-1), scale.reshape(-1)
 
 
-def normalize_rewards(rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group", clip: float = 1.0) -> torch.Tensor:
+def normalize_rewards(
+    rewards: torch.Tensor, group_size: int, method: str = "identity", scope: str = "group", clip: float = 1.0
+) -> torch.Tensor:
     """Reward normalisation, applied AFTER the variance filter ranked the raw rewards. (N,) -> (N,).
 
     ``identity``; ``mean`` (subtract the mean); ``mean_std`` (subtract the mean, divide by std + 1e-6);
@@ -160,24 +81,6 @@ def normalize_rewards(rewards: torch.Tensor, group_size: int, method: str = "ide
     if method == "asym_clip":
         normalized = normalized.clamp(min=-clip, max=3 * clip)
     return normalized
-
-
-def whiten(values: torch.Tensor, mask: torch.Tensor, total: tuple[float, float, float] | None = None, eps: float = 1e-8) -> torch.Tensor:
-    """Masked whitening, as the peers apply to GAE advantages: ``(x - mean) / sqrt(var + eps)`` over the
-    positions where ``mask`` is 1 (model tokens); 0 elsewhere. The variance is unbiased (``n - 1``).
-
-    ``total``: ``(count, sum, sum of squares)`` over every process's rows, when the batch is split
-    across processes (the statistics then match one process holding the whole batch). (B, T) -> (B, T).
-    """
-    m = mask.bool()
-    x = values.double()
-    n, s, ss = total if total is not None else (float(m.sum()), float(x[m].sum()), float((x[m] ** 2).sum()))
-    if n < 2:
-        return torch.zeros_like(values)
-    mean = s / n
-    var = max(ss - n * mean * mean, 0.0) / (n - 1)
-    out = (x - mean) / math.sqrt(var + eps)
-    return torch.where(m, out, torch.zeros_like(out)).to(values.dtype)
 
 
 def place_rewards(shape, turn_rewards: list[list[float]], turn_ends: list[list[int]], per_turn: bool) -> torch.Tensor:
@@ -195,7 +98,9 @@ def place_rewards(shape, turn_rewards: list[list[float]], turn_ends: list[list[i
     return rewards
 
 
-def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over model tokens only. rewards, values, mask: (B, T) -> (advantages, returns), each (B, T).
 
     Positions with ``mask == 0`` (environment tokens, padding) are skipped: the "next value" of a

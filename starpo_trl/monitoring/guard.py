@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import TrainerCallback
 
-from starpo_trl.envs_registry import env_name
+from envs.contract import env_name
+from starpo_trl.monitoring import keys
 
 GUARD_ACTIONS = ("off", "warn", "stop", "rollback")
 
@@ -77,7 +78,11 @@ class CollapseMonitor:
     def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
         r, s = self.rules, self.series[name]
         if name == "grad_norm":  # a spike against the running mean of the values before it
-            return previous_ema is not None and len(s.early) >= r.warmup_steps and value > r.grad_norm_spike * previous_ema
+            return (
+                previous_ema is not None
+                and len(s.early) >= r.warmup_steps
+                and value > r.grad_norm_spike * previous_ema
+            )
         early = self.early_level(name)
         if name == "diversity":
             return early is not None and s.ema < max(r.diversity_floor, r.diversity_fraction * early)
@@ -114,14 +119,14 @@ class CollapseMonitor:
 
 def signals_from_logs(logs: dict, env_name: str) -> dict[str, float]:
     """The guard's signals from one Trainer log row."""
-    keys = {
-        "reward_std": f"env/{env_name}/group_reward_std_mean",
-        "entropy": "entropy",
-        "grad_norm": "grad_norm",
-        "diversity": "reasoning/distinct_2",
+    logged = {
+        "reward_std": keys.GROUP_REWARD_STD.format(env=env_name),
+        "entropy": keys.ENTROPY,
+        "grad_norm": keys.GRAD_NORM,
+        "diversity": keys.DISTINCT_2,
     }
-    values = {name: float(logs[key]) for name, key in keys.items() if key in logs and logs[key] is not None}
-    if not logs.get("reasoning/reasoning_rate"):  # no think text this step: diversity is undefined, not low
+    values = {name: float(logs[key]) for name, key in logged.items() if key in logs and logs[key] is not None}
+    if not logs.get(keys.REASONING_RATE):  # no think text this step: diversity is undefined, not low
         values.pop("diversity", None)
     return values
 
@@ -133,58 +138,62 @@ class CollapseGuard(TrainerCallback):
     logs; that snapshot is the "last healthy" state that ``stop`` saves and ``rollback`` restores.
     """
 
-    def __init__(self, trainer, action: str, rules: GuardRules, snapshot_steps: int = 5):
+    def __init__(self, action: str, rules: GuardRules, snapshot_steps: int = 5, save_model=None, critic=None):
+        """``save_model(path)`` writes the model (the trainer's ``save_model``; needed by ``stop`` and
+        ``rollback``); ``critic`` (optional) is snapshotted with the policy. The policy itself, the
+        run's settings and its state come with every callback call."""
         if action not in GUARD_ACTIONS:
             raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {action!r}")
-        self.trainer = trainer
+        if action in ("stop", "rollback") and save_model is None:
+            raise ValueError(f"collapse_guard={action!r} saves the last healthy weights: give save_model.")
         self.action = action
         self.monitor = CollapseMonitor(rules)
         self.snapshot_steps = snapshot_steps
+        self.save_model = save_model
+        self.critic = critic
         self.snapshot: dict | None = None
         self.snapshot_step: int | None = None
         self.events: list[dict] = []
 
     # -- weights ---------------------------------------------------------------------------------
-    def _parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+    def _parameters(self, model) -> list[tuple[str, torch.nn.Parameter]]:
         """The trained parameters: the policy's trainable ones and the critic's (head and body or adapter)."""
-        policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        params = [(f"policy.{n}", p) for n, p in policy.named_parameters() if p.requires_grad]
-        critic = getattr(self.trainer, "critic", None)
-        if critic is not None:
-            params += [(f"critic.{i}", p) for i, p in enumerate(critic.trainable_parameters())]
+        params = [(f"policy.{n}", p) for n, p in model.named_parameters() if p.requires_grad]
+        if self.critic is not None:
+            params += [(f"critic.{i}", p) for i, p in enumerate(self.critic.trainable_parameters())]
         return params
 
-    def _copy(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().to("cpu", copy=True) for n, p in self._parameters()}
+    def _copy(self, model) -> dict[str, torch.Tensor]:
+        return {n: p.detach().to("cpu", copy=True) for n, p in self._parameters(model)}
 
-    def take_snapshot(self, step: int) -> None:
-        self.snapshot = self._copy()
+    def take_snapshot(self, model, step: int) -> None:
+        self.snapshot = self._copy(model)
         self.snapshot_step = step
 
     @torch.no_grad()
-    def restore_snapshot(self, weights: dict[str, torch.Tensor] | None = None) -> None:
+    def restore_snapshot(self, model, weights: dict[str, torch.Tensor] | None = None) -> None:
         weights = self.snapshot if weights is None else weights
-        for name, p in self._parameters():
+        for name, p in self._parameters(model):
             p.copy_(weights[name].to(p.device))
 
-    def _save_last_healthy(self) -> str:
-        path = os.path.join(self.trainer.args.output_dir, "last-healthy")
-        current = self._copy() if self.action == "stop" else None
-        self.restore_snapshot()
-        self.trainer.save_model(path)
+    def _save_last_healthy(self, model, output_dir: str) -> str:
+        path = os.path.join(output_dir, "last-healthy")
+        current = self._copy(model) if self.action == "stop" else None
+        self.restore_snapshot(model)
+        self.save_model(path)
         if current is not None:  # stop: save the snapshot, then put the current weights back
-            self.restore_snapshot(current)
+            self.restore_snapshot(model, current)
         return path
 
     # -- callback hooks --------------------------------------------------------------------------
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.action in ("stop", "rollback") and self.snapshot is None:
-            self.take_snapshot(state.global_step)
+            self.take_snapshot(model, state.global_step)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not logs or "loss" not in logs and "grad_norm" not in logs:
             return control  # an evaluation or end-of-training log
-        values = signals_from_logs(logs, env_name(self.trainer.args.env_id))
+        values = signals_from_logs(logs, env_name(args.env_id))
         fired = self.monitor.update(state.global_step, values)
         if fired:
             event = {
@@ -196,7 +205,7 @@ class CollapseGuard(TrainerCallback):
                 "last_healthy_step": self.snapshot_step,
             }
             if self.action in ("stop", "rollback") and self.snapshot is not None:
-                event["saved_to"] = self._save_last_healthy()
+                event["saved_to"] = self._save_last_healthy(model, args.output_dir)
                 control.should_training_stop = True
             self.events.append(event)
             if state.log_history:
@@ -205,9 +214,15 @@ class CollapseGuard(TrainerCallback):
             self._write_events(args)
             rolled = " rolled back to step %s and" % self.snapshot_step if self.action == "rollback" else ""
             stopped = " stopped" if control.should_training_stop else " training goes on"
-            print(f"[CollapseGuard] step {state.global_step}: {', '.join(fired)} fell/spiked past the threshold;{rolled}{stopped}.")
-        elif self.action in ("stop", "rollback") and self.monitor.healthy() and state.global_step % self.snapshot_steps == 0:
-            self.take_snapshot(state.global_step)
+            print(
+                f"[CollapseGuard] step {state.global_step}: {', '.join(fired)} fell/spiked past the threshold;{rolled}{stopped}."
+            )
+        elif (
+            self.action in ("stop", "rollback")
+            and self.monitor.healthy()
+            and state.global_step % self.snapshot_steps == 0
+        ):
+            self.take_snapshot(model, state.global_step)
         return control
 
     def _write_events(self, args) -> None:
@@ -218,14 +233,5 @@ class CollapseGuard(TrainerCallback):
 
 
 def rules_from_config(args) -> GuardRules:
-    """``GuardRules`` from a ``StarPOConfig``'s ``collapse_guard_*`` fields."""
-    return GuardRules(
-        warmup_steps=args.collapse_guard_warmup_steps,
-        smoothing=args.collapse_guard_smoothing,
-        reward_std_fraction=args.collapse_guard_reward_std_fraction,
-        entropy_fraction=args.collapse_guard_entropy_fraction,
-        grad_norm_spike=args.collapse_guard_grad_norm_spike,
-        diversity_fraction=args.collapse_guard_diversity_fraction,
-        diversity_floor=args.collapse_guard_diversity_floor,
-        patience=args.collapse_guard_patience,
-    )
+    """``GuardRules`` from a ``StarPOConfig``: each rule field ``x`` is the config's ``collapse_guard_x``."""
+    return GuardRules(**{f.name: getattr(args, f"collapse_guard_{f.name}") for f in fields(GuardRules)})

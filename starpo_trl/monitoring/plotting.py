@@ -7,6 +7,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from starpo_trl.monitoring import keys  # noqa: E402
+
 
 def series(log_history: list[dict], key: str) -> tuple[list[int], list[float]]:
     rows = [(row["step"], row[key]) for row in log_history if key in row and row[key] is not None]
@@ -15,10 +17,10 @@ def series(log_history: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def plot_curves(log_history: list[dict], env_name: str, path: str, title: str = "") -> str:
     panels = [
-        (f"env/{env_name}/success", "train success"),
-        (f"env/{env_name}/format_error_rate", "format-error rate (per turn)"),
-        (f"env/{env_name}/group_reward_std_mean", "in-group reward std (mean)"),
-        ("entropy", "policy entropy"),
+        (keys.SUCCESS.format(env=env_name), "train success"),
+        (keys.FORMAT_ERROR_RATE.format(env=env_name), "format-error rate (per turn)"),
+        (keys.GROUP_REWARD_STD.format(env=env_name), "in-group reward std (mean)"),
+        (keys.ENTROPY, "policy entropy"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
     for ax, (key, label) in zip(axes, panels):
@@ -35,11 +37,11 @@ def plot_curves(log_history: list[dict], env_name: str, path: str, title: str = 
 
 
 DASHBOARD_PANELS = (
-    ("success", ["env/{env}/success"], "train success"),
-    ("reward_std", ["env/{env}/group_reward_std_mean"], "in-group reward std (mean)"),
-    ("entropy", ["entropy"], "policy entropy"),
-    ("grad_norm", ["grad_norm"], "grad norm"),
-    ("diversity", ["reasoning/distinct_2", "reasoning/template_share"], "reasoning diversity"),
+    ("success", [keys.SUCCESS], "train success"),
+    ("reward_std", [keys.GROUP_REWARD_STD], "in-group reward std (mean)"),
+    ("entropy", [keys.ENTROPY], "policy entropy"),
+    ("grad_norm", [keys.GRAD_NORM], "grad norm"),
+    ("diversity", [keys.DISTINCT_2, keys.TEMPLATE_SHARE], "reasoning diversity"),
 )
 
 
@@ -51,27 +53,39 @@ def env_name_from_history(log_history: list[dict]) -> str | None:
     return None
 
 
-def plot_dashboard(log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = "") -> str:
+def plot_dashboard(
+    log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = ""
+) -> str:
     """One PNG: success, in-group reward std, entropy, grad norm and diversity, guard events as red lines."""
     env_name = env_name or env_name_from_history(log_history) or "env"
     if events is None:
-        events = [{"step": row["step"], "rules": str(row.get("guard/rules", "")).split(",")} for row in log_history if row.get("guard/warning")]
+        events = [
+            {"step": row["step"], "rules": str(row.get("guard/rules", "")).split(",")}
+            for row in log_history
+            if row.get("guard/warning")
+        ]
     fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(3.6 * len(DASHBOARD_PANELS), 3.2))
-    for ax, (_, keys, label) in zip(axes, DASHBOARD_PANELS):
-        for key in keys:
+    for ax, (_, panel_keys, label) in zip(axes, DASHBOARD_PANELS):
+        for key in panel_keys:
             steps, values = series(log_history, key.format(env=env_name))
             if steps:
                 ax.plot(steps, values, marker=".", label=key.split("/")[-1])
         for event in events:
             ax.axvline(event["step"], color="red", linestyle="--", alpha=0.7)
-        if len(keys) > 1:
+        if len(panel_keys) > 1:
             ax.legend(fontsize=7)
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     if events:
         first = events[0]
-        axes[0].annotate(f"guard: {', '.join(first['rules'])}", xy=(first["step"], 0.95), xycoords=("data", "axes fraction"), color="red", fontsize=7)
+        axes[0].annotate(
+            f"guard: {', '.join(first['rules'])}",
+            xy=(first["step"], 0.95),
+            xycoords=("data", "axes fraction"),
+            color="red",
+            fontsize=7,
+        )
     fig.suptitle(title or env_name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -60,13 +60,14 @@ def first_user_message(env, observation: str, max_actions_per_turn: int, max_tur
         budget = f"You can make up to {max_actions_per_turn} actions per turn, separated by {ACTION_SEPARATOR}."
     else:
         budget = "Give one answer."
-    return (
-        f"{env.instructions}\n{budget} You have at most {max_turns} turns.\n"
-        + turn_message(1, observation, actions_left=None, reward=None, enable_think=enable_think)
+    return f"{env.instructions}\n{budget} You have at most {max_turns} turns.\n" + turn_message(
+        1, observation, actions_left=None, reward=None, enable_think=enable_think
     )
 
 
-def turn_message(turn: int, observation: str, actions_left: int | None, reward: float | None, enable_think: bool) -> str:
+def turn_message(
+    turn: int, observation: str, actions_left: int | None, reward: float | None, enable_think: bool
+) -> str:
     parts = []
     if reward is not None:
         parts.append(f"Reward: {reward:g}")
@@ -85,7 +86,9 @@ class ParsedReply:
     format_ok: bool = False
 
 
-def parse_reply(text: str, enable_think: bool = True, split_actions: bool = True, max_actions: int | None = None) -> ParsedReply:
+def parse_reply(
+    text: str, enable_think: bool = True, split_actions: bool = True, max_actions: int | None = None
+) -> ParsedReply:
     """Parse a model reply. Never raises: a reply without the format gives ``format_ok=False``.
     Linear in the reply's length, whatever the reply.
 

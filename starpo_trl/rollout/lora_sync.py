@@ -31,7 +31,9 @@ def max_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if rank <= allowed:
             return allowed
-    raise ValueError(f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]}): lower lora_r or set vllm_lora_sync=False.")
+    raise ValueError(
+        f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]}): lower lora_r or set vllm_lora_sync=False."
+    )
 
 
 def lora_rank(model, peft_config=None) -> int:
@@ -40,7 +42,9 @@ def lora_rank(model, peft_config=None) -> int:
         return int(peft_config.r)
     config = getattr(model, "peft_config", {}).get("default") if not isinstance(model, str) else None
     if config is None or getattr(config, "r", None) is None:
-        raise ValueError("vllm_lora_sync needs a LoRA policy: pass a peft_config (train.py: --use_peft true) or a PEFT model, or set vllm_lora_sync=False.")
+        raise ValueError(
+            "vllm_lora_sync needs a LoRA policy: pass a peft_config (train.py: --use_peft true) or a PEFT model, or set vllm_lora_sync=False."
+        )
     return int(config.r)
 
 

@@ -10,7 +10,7 @@ hand-made text and cost microseconds per step:
 
 The dashboard of a finished (or running) run, with the collapse guard's events marked:
 
-    python -m starpo_trl.diagnostics plot RUN_DIR [--out dashboard.png]
+    python -m starpo_trl.monitoring.diagnostics plot RUN_DIR [--out dashboard.png]
 """
 
 from __future__ import annotations
@@ -71,19 +71,23 @@ def load_run(run_dir: str) -> tuple[list[dict], list[dict] | None, str | None]:
     name = None
     report = os.path.join(run_dir, "report.json")
     states = [os.path.join(run_dir, "trainer_state.json")] + sorted(
-        glob.glob(os.path.join(run_dir, "checkpoint-*", "trainer_state.json")), key=lambda p: int(p.split("-")[-1].split(os.sep)[0]), reverse=True
+        glob.glob(os.path.join(run_dir, "checkpoint-*", "trainer_state.json")),
+        key=lambda p: int(p.split("-")[-1].split(os.sep)[0]),
+        reverse=True,
     )
     if os.path.exists(report):
         with open(report) as f:
             data = json.load(f)
         history = data.get("log_history", [])
-        from starpo_trl.envs_registry import env_name
+        from envs.contract import env_name
 
         name = env_name(data.get("env_id") or "") or None
     else:
         found = next((p for p in states if os.path.exists(p)), None)
         if found is None:
-            raise FileNotFoundError(f"No report.json or trainer_state.json under {run_dir!r}: is it a train.py output_dir?")
+            raise FileNotFoundError(
+                f"No report.json or trainer_state.json under {run_dir!r}: is it a train.py output_dir?"
+            )
         with open(found) as f:
             history = json.load(f)["log_history"]
     events = None
@@ -95,16 +99,24 @@ def load_run(run_dir: str) -> tuple[list[dict], list[dict] | None, str | None]:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m starpo_trl.diagnostics", description="Training dashboards.")
+    parser = argparse.ArgumentParser(
+        prog="python -m starpo_trl.monitoring.diagnostics", description="Training dashboards."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     plot = sub.add_parser("plot", help="Draw success, reward std, entropy, grad norm and diversity with guard events.")
     plot.add_argument("run_dir")
     plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)
-    from starpo_trl.plotting import plot_dashboard
+    from starpo_trl.monitoring.plotting import plot_dashboard
 
     history, events, name = load_run(args.run_dir)
-    out = plot_dashboard(history, args.out or os.path.join(args.run_dir, "dashboard.png"), name, events, title=os.path.basename(os.path.normpath(args.run_dir)))
+    out = plot_dashboard(
+        history,
+        args.out or os.path.join(args.run_dir, "dashboard.png"),
+        name,
+        events,
+        title=os.path.basename(os.path.normpath(args.run_dir)),
+    )
     print(out)
     return out
 

@@ -1,0 +1,101 @@
+"""The advantage estimators by name: ``advantage_estimator`` in ``StarPOConfig`` picks one.
+
+Two kinds:
+
+- group estimators (``critic=False``) see each kept trajectory's (normalised) reward and its group:
+  ``fn(rewards, group_size, scale_rewards) -> advantages`` of shape (N,), one per trajectory;
+- critic estimators (``critic=True``) see the turn rewards, each turn's last model token and the
+  critic's values: ``fn(turn_rewards, turn_ends, values, mask, settings) -> (advantages, returns)``,
+  both (B, T) over completion tokens; ``settings`` carries ``gamma``, ``lam``, ``turn_gamma``,
+  ``turn_lambda`` (the ``StarPOConfig``).
+
+Register your own with ``@register_advantage_estimator("name", critic=...)`` before the config is
+built; ``StarPOConfig(advantage_estimator="name")`` then accepts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from starpo_trl.algorithms.advantages import (
+    bilevel_gae,
+    grpo_advantages,
+    masked_gae,
+    place_rewards,
+    rloo_advantages,
+)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    name: str
+    critic: bool
+    fn: Callable
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_advantage_estimator(name: str, critic: bool = False):
+    """Decorator: register ``fn`` as the advantage estimator ``name`` (see the module docstring)."""
+
+    def register(fn):
+        ESTIMATORS[name] = Estimator(name, critic, fn)
+        return fn
+
+    return register
+
+
+def get_estimator(name: str) -> Estimator:
+    if name not in ESTIMATORS:
+        raise ValueError(f"advantage_estimator must be one of {sorted(ESTIMATORS)}, got {name!r}")
+    return ESTIMATORS[name]
+
+
+def critic_estimators() -> list[str]:
+    """The names of the estimators that need a critic."""
+    return sorted(n for n, e in ESTIMATORS.items() if e.critic)
+
+
+@register_advantage_estimator("grpo")
+def _grpo(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
+    return grpo_advantages(rewards, group_size, scale)
+
+
+@register_advantage_estimator("rloo")
+def _rloo(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
+    return rloo_advantages(rewards, group_size)
+
+
+@register_advantage_estimator("gae", critic=True)
+def _gae(turn_rewards, turn_ends, values, mask, settings):
+    token_rewards = place_rewards(values.shape, turn_rewards, turn_ends, per_turn=True).to(values.device)
+    return masked_gae(token_rewards, values, mask, settings.gamma, settings.lam)
+
+
+def _bilevel(turn_rewards, turn_ends, values, mask, settings, turn_level_only: bool):
+    advantages, returns = bilevel_gae(
+        turn_rewards,
+        turn_ends,
+        values.cpu(),
+        mask.cpu(),
+        settings.gamma,
+        settings.lam,
+        settings.turn_gamma,
+        settings.turn_lambda,
+        turn_level_only=turn_level_only,
+    )
+    return advantages.to(values.device), returns.to(values.device)
+
+
+@register_advantage_estimator("bilevel_gae", critic=True)
+def _bilevel_gae(turn_rewards, turn_ends, values, mask, settings):
+    return _bilevel(turn_rewards, turn_ends, values, mask, settings, turn_level_only=False)
+
+
+@register_advantage_estimator("turn_gae", critic=True)
+def _turn_gae(turn_rewards, turn_ends, values, mask, settings):
+    return _bilevel(turn_rewards, turn_ends, values, mask, settings, turn_level_only=True)

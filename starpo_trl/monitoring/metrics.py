@@ -1,0 +1,134 @@
+"""Episode statistics: the per-step training metrics and the held-out success table.
+
+Logged keys that other parts read back are named in ``starpo_trl.monitoring.keys``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from starpo_trl.algorithms import between_group_share, nanstd
+from starpo_trl.monitoring.diagnostics import reasoning_metrics
+from starpo_trl.rollout import Episode
+from starpo_trl.rollout.prompting import parse_reply
+
+
+def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> dict[str, float]:
+    """Success, action rates, turns and reward statistics over a list of episodes.
+
+    With ``group_size`` (episodes grouped consecutively by start state) also pass@k over each group
+    and in-group reward std (mean, max, fraction of groups with zero std).
+    """
+    if not episodes:
+        return {}
+    rewards = np.array([ep.reward for ep in episodes], dtype=float)
+    actions = sum(ep.num_actions for ep in episodes)
+    metrics = {
+        "success": float(np.mean([ep.success for ep in episodes])),
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "turns": float(np.mean([ep.num_turns for ep in episodes])),
+        "actions": float(np.mean([ep.num_actions for ep in episodes])),
+        "valid_action_rate": sum(ep.num_valid_actions for ep in episodes) / actions if actions else 0.0,
+        "effective_action_rate": sum(ep.num_effective_actions for ep in episodes) / actions if actions else 0.0,
+        "format_error_rate": sum(ep.num_format_errors for ep in episodes)
+        / max(1, sum(ep.num_turns for ep in episodes)),
+        "truncated": float(np.mean([ep.truncated for ep in episodes])),
+        "env_errors": float(sum(ep.env_error is not None for ep in episodes)),
+    }
+    if group_size and len(episodes) % group_size == 0 and group_size > 1:
+        grouped = rewards.reshape(-1, group_size)
+        stds = grouped.std(axis=1, ddof=1)
+        success = np.array([ep.success for ep in episodes]).reshape(-1, group_size)
+        metrics.update(
+            {
+                f"pass@{group_size}": float(success.any(axis=1).mean()),
+                "group_reward_std_mean": float(stds.mean()),
+                "group_reward_std_max": float(stds.max()),
+                "frac_zero_std_groups": float(np.isclose(stds, 0.0).mean()),
+            }
+        )
+    return metrics
+
+
+def rollout_metrics(
+    episodes: list[Episode],
+    rewards: torch.Tensor,
+    group_size: int,
+    num_kept_groups: int,
+    env: str,
+    timings: dict[str, float],
+    think: bool = True,
+    previous_thinks: list[str] | None = None,
+    shaping: bool = False,
+) -> tuple[dict[str, float], list[str]]:
+    """Every metric of one training rollout by its logged key, and the rollout's reasoning texts
+    (the next rollout's ``previous_thinks``, for the echo-trap similarity).
+
+    ``episodes`` is the whole gathered batch, ``rewards`` their (NaN for excluded) rewards,
+    ``timings`` this process's seconds generating and in env calls (``Rollout.timings``).
+    """
+    stats = episode_metrics(episodes, group_size)
+    out = {f"env/{env}/{key}": value for key, value in stats.items()}
+    thinks: list[str] = []
+    if think:  # echo-trap indicators on the decoded reasoning
+        texts = [parse_reply(m["content"]).think for ep in episodes for m in ep.messages if m["role"] == "assistant"]
+        out.update({f"reasoning/{key}": value for key, value in reasoning_metrics(texts, previous_thinks).items()})
+        thinks = [t for t in texts if t]
+        if shaping:
+            out["reasoning/shaping_reward"] = sum(ep.shaping_reward for ep in episodes) / len(episodes)
+    share = between_group_share(
+        rewards, group_size
+    )  # how much of the return variance a critic could explain from the start state
+    if not math.isnan(share):
+        out[f"env/{env}/reward_between_group_share"] = share
+    model_tokens = [sum(ep.env_mask) for ep in episodes]
+    out.update(
+        {
+            "env/errors": float(sum(ep.env_error is not None for ep in episodes)),
+            "reward": torch.nanmean(rewards).item(),
+            "reward_std": nanstd(rewards, dim=0).item(),
+            "frac_reward_zero_std": stats.get("frac_zero_std_groups", 0.0),
+            "rollout/kept_fraction": num_kept_groups * group_size / len(episodes),
+            "completions/mean_length": sum(model_tokens) / len(model_tokens),
+            "rollout/generate_seconds": timings["generate"],
+            "rollout/env_seconds": timings["env"],
+        }
+    )
+    return out, thinks
+
+
+def critic_metrics(
+    advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Mean and std of the critic's advantages, returns and values over the model tokens (``mask``)."""
+    m = mask.bool()
+    out = {}
+    for name, x in (("advantages", advantages), ("returns", returns), ("values", values)):
+        out[f"{name}/mean"] = x[m].mean().item() if m.any() else 0.0
+        out[f"{name}/std"] = x[m].std().item() if m.sum() > 1 else 0.0
+    out["advantages/max"] = advantages[m].max().item() if m.any() else 0.0
+    out["advantages/min"] = advantages[m].min().item() if m.any() else 0.0
+    return out
+
+
+def sample_rows(episodes: list[Episode], advantages: list[float], n: int) -> list[dict]:
+    """``n`` episodes spread evenly over ``episodes`` as rows of TRL's completions table: the first
+    user message, the rest of the conversation, reward, advantage, seed, success, turns."""
+    n = min(n, len(episodes))
+    picks = sorted({round(j * (len(episodes) - 1) / max(1, n - 1)) for j in range(n)}) if n else []
+    return [
+        {
+            "prompt": episodes[j].messages[0]["content"] if episodes[j].messages else "",
+            "completion": "\n".join(f"[{m['role']}] {m['content']}" for m in episodes[j].messages[1:]),
+            "reward": episodes[j].reward,
+            "advantages": advantages[j],
+            "seed": episodes[j].start.seed,
+            "success": episodes[j].success,
+            "turns": episodes[j].num_turns,
+        }
+        for j in picks
+    ]

@@ -1,0 +1,74 @@
+"""Token ids of chat messages appended to an ongoing conversation, from the tokenizer's own template."""
+
+from __future__ import annotations
+
+from starpo_trl.rollout.prompting import SYSTEM_PROMPT
+
+
+class ChatFormat:
+    """Token ids of chat messages appended to an ongoing conversation, from the tokenizer's template.
+
+    ``message_ids(msg)`` are the tokens that follow an assistant turn's end-of-turn token when ``msg``
+    comes next, up to and including the next assistant header: rendered once per message by
+    diffing two renders of a short fixed conversation. Templates that rewrite earlier turns
+    (not prefix-preserving) are patched with TRL's training template when one exists, else refused.
+    """
+
+    PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}]
+
+    def __init__(self, tokenizer, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT):
+        self.tokenizer = tokenizer
+        self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.eos_token_ids = list(eos_token_ids)
+        self.eos_texts = [tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids]
+        self.turn_end_id = None  # the end-of-turn token the template closes an assistant turn with (set by the probe)
+        self.chat_template = None
+        try:
+            self._prefix = self._probe_prefix()
+            self.message_ids({"role": "user", "content": "check"})
+        except ValueError as err:
+            from trl.chat_template_utils import get_training_chat_template
+
+            try:
+                patched = get_training_chat_template(tokenizer)
+            except ValueError:  # TRL has no training template for this one
+                patched = None
+            if patched is None:
+                raise err from None
+            self.chat_template = patched
+            try:
+                self._prefix = self._probe_prefix()
+                self.message_ids({"role": "user", "content": "check"})
+            except ValueError:
+                raise err from None
+
+    def _render(self, messages, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=self.chat_template
+        )
+
+    def _probe_prefix(self) -> str:
+        text = self._render(self.system + self.PROBE, add_generation_prompt=False)
+        ends = [(text.rfind(e) + len(e), i) for i, e in zip(self.eos_token_ids, self.eos_texts) if text.rfind(e) >= 0]
+        if not ends:
+            raise ValueError(
+                f"The chat template does not end an assistant turn with an end-of-turn token ({self.eos_texts}). "
+                "Set the model's generation_config.eos_token_id to the token that closes an assistant turn."
+            )
+        end, self.turn_end_id = max(ends)
+        return text[:end]
+
+    def prompt_ids(self, user_content: str) -> list[int]:
+        text = self._render(self.system + [{"role": "user", "content": user_content}], add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def message_ids(self, message: dict) -> list[int]:
+        full = self._render(self.system + self.PROBE + [message], add_generation_prompt=True)
+        if not full.startswith(self._prefix):
+            raise ValueError(
+                "The chat template is not prefix-preserving: adding a message changes how earlier turns are "
+                "rendered, so tokens sampled in turn t would not match the history of turn t+1. Use a "
+                "prefix-preserving template (pass `chat_template=` to the tokenizer), e.g. TRL's training "
+                "templates in trl/chat_templates/."
+            )
+        return self.tokenizer(full[len(self._prefix) :], add_special_tokens=False)["input_ids"]

@@ -1,0 +1,343 @@
+"""The episode engine: many text-env episodes at once, token in, token out.
+
+For a batch of start states it resets the envs, then per turn:
+
+1. collects the token sequences of every still-active episode and generates all of them in ONE
+   batched call of the generation backend;
+2. appends the sampled token ids verbatim (env mask 1, with their sampling logprobs);
+3. parses ``<think>...</think><answer>...</answer>``, splits the answer on ``||`` and steps the
+   env within the action budgets;
+4. appends the next user message (reward, state) as tokens rendered by the chat template for that
+   message alone (env mask 0).
+
+History is never re-rendered or re-tokenized, so the tokens the loss sees are exactly the tokens
+that were sampled. The engine needs no Trainer: give it a tokenizer and a backend.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tqdm.auto import tqdm
+
+from starpo_trl.rollout.chat_format import ChatFormat
+from starpo_trl.rollout.env_runner import EnvCallError, EnvRunner
+from starpo_trl.rollout.prompting import (
+    SYSTEM_PROMPT,
+    first_user_message,
+    parse_reply,
+    turn_message,
+)
+from starpo_trl.rollout.shaping import ThinkShaping, turn_shaping_reward
+
+
+@dataclass(frozen=True)
+class StartState:
+    """One start state: an env id, its kwargs and a seed. A StarPO group shares one start state."""
+
+    env_id: str
+    seed: int
+    env_kwargs: tuple = ()  # sorted (key, value) pairs, hashable
+
+
+@dataclass
+class Episode:
+    """One finished trajectory. ``completion_ids[i]`` was written by the model iff ``env_mask[i] == 1``."""
+
+    start: StartState
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # sampling logprobs; 0.0 on env tokens
+    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty + shaping, per turn
+    shaping_reward: float = 0.0  # the reasoning shaping included in turn_rewards
+    turn_end_positions: list[int] = field(default_factory=list)  # index of each turn's last model token
+    success: bool = False
+    done: bool = False  # the env terminated or truncated
+    truncated: bool = False  # cut by a token cap
+    num_actions: int = 0
+    num_valid_actions: int = 0
+    num_effective_actions: int = 0
+    num_format_errors: int = 0
+    env_error: str | None = None
+    messages: list[dict] = field(default_factory=list)  # the conversation as text, for logs
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+
+class GenerationBackend(Protocol):
+    def generate(
+        self, sequences: list[list[int]], max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Continue each token sequence; return ``(new token ids, their sampling logprobs)`` per sequence.
+
+        Generation of a sequence stops after an end-of-turn token, which is included.
+        """
+        ...
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 5
+    max_actions_per_turn: int = 5
+    max_actions_per_episode: int = 10
+    max_tokens_per_turn: int = 256
+    max_episode_tokens: int = 2048  # completion tokens (model + env) of a whole episode
+    enable_think: bool = True
+    format_penalty: float = -0.1
+    temperature: float = 1.0
+    env_step_timeout: float | None = None  # seconds per env call (needs env_runner="processes")
+    env_runner: str | None = None  # inline, threads or processes; None: processes with a timeout, else inline
+    think_shaping: ThinkShaping = field(default_factory=ThinkShaping)  # reasoning reward shaping (off)
+
+    def runner_mode(self) -> str:
+        if self.env_runner is not None:
+            return self.env_runner
+        return "processes" if self.env_step_timeout is not None else "inline"
+
+
+@dataclass
+class _Live:
+    """What one episode's run keeps between turns (local to one ``run``)."""
+
+    env: object = None
+    obs: str = ""
+    last_think: str | None = None
+    actions_left: int = 0
+
+
+def _error_text(err: Exception) -> str:
+    return str(err) if isinstance(err, EnvCallError) else f"{type(err).__name__}: {err}"
+
+
+class Rollout(list):
+    """The episodes of one ``RolloutEngine.run`` (a list), with the seconds that run spent
+    generating and in env calls (``timings``: ``{"generate": s, "env": s}``)."""
+
+    def __init__(self, episodes=(), timings: dict[str, float] | None = None):
+        super().__init__(episodes)
+        self.timings = timings if timings is not None else {"generate": 0.0, "env": 0.0}
+
+
+class RolloutEngine:
+    """Plays episodes with a generation backend: ``run(starts, temperature, backend=...)``.
+
+    ``backend`` given here is the default of every ``run``; a trainer whose backend changes between
+    rollouts (new weights, vLLM) passes it to each ``run`` instead. Everything of one run (envs,
+    observations, budgets, timings) is local to that run; the engine keeps only its settings, the
+    chat format and the env runner (worker processes, closed by ``close()``).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        backend: GenerationBackend | None,
+        config: RolloutConfig,
+        eos_token_ids: list[int],
+        system_prompt: str | None = SYSTEM_PROMPT,
+        reasoning_reward_fn=None,
+    ):
+        self.tokenizer = tokenizer
+        self.reasoning_reward_fn = reasoning_reward_fn
+        self.backend = backend
+        self.config = config
+        self.eos_token_ids = list(eos_token_ids)
+        self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
+        self.runner = EnvRunner(config.runner_mode(), config.env_step_timeout)
+
+    def _open(self, start: StartState):
+        """Make and reset one env (runs on the runner's threads): ``(env, obs, error)``."""
+        env = None
+        try:
+            env = self.runner.make(start.env_id, dict(start.env_kwargs))
+            obs, _ = env.reset(start.seed)
+            return env, obs, None
+        except Exception as err:  # an env that fails to reset ends only its own episode
+            if env is not None:
+                self._close(env)
+            return None, "", f"reset: {_error_text(err)}"
+
+    @staticmethod
+    def _close(env) -> None:
+        try:
+            env.close()
+        except Exception:  # a failing close loses nothing: the episode is already recorded
+            pass
+
+    def run(
+        self,
+        starts: list[StartState],
+        temperature: float | None = None,
+        backend: GenerationBackend | None = None,
+        progress: bool = False,
+    ) -> Rollout:
+        """Play one episode per start state; ``progress`` shows a bar of finished episodes."""
+        cfg = self.config
+        temperature = cfg.temperature if temperature is None else temperature
+        backend = backend if backend is not None else self.backend
+        if backend is None:
+            raise ValueError("RolloutEngine.run needs a generation backend: pass backend= here or to the engine.")
+        if hasattr(backend, "reset"):  # a backend's kept state belongs to the weights of its last rollout
+            backend.reset()
+        timings = {"generate": 0.0, "env": 0.0}
+        episodes: list[Episode] = []
+        live: list[_Live] = []
+        t0 = time.perf_counter()
+        opened = self.runner.map(self._open, starts)
+        timings["env"] += time.perf_counter() - t0
+        for start, (env, obs, error) in zip(starts, opened):
+            if error is None:
+                content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
+                ep.messages.append({"role": "user", "content": content})
+            else:
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
+                ep.env_error, ep.done = error, True
+            episodes.append(ep)
+            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
+
+        bar = tqdm(total=len(episodes), desc="episodes", unit="ep", leave=False, disable=not progress)
+        finished = 0
+        for turn in range(1, cfg.max_turns + 1):
+            active = [i for i, ep in enumerate(episodes) if not ep.done and not ep.truncated]
+            active = [i for i in active if cfg.max_episode_tokens - len(episodes[i].completion_ids) > 0]
+            bar.update(len(episodes) - len(active) - finished)
+            finished = len(episodes) - len(active)
+            bar.set_postfix(turn=turn)
+            if not active:
+                if getattr(backend, "collective", False):
+                    # a collective backend (vLLM server mode) needs every process in every call
+                    backend.generate([], max_new_tokens=0, temperature=temperature)
+                    continue
+                break
+            # each episode is limited by its own room only; the batch is generated to the largest
+            # limit and every reply cut to its episode's, so an episode's tokens do not depend on
+            # who shares its batch
+            limits = [
+                min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(episodes[i].completion_ids)) for i in active
+            ]
+            t0 = time.perf_counter()
+            outputs = backend.generate(
+                [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
+                max_new_tokens=max(limits),
+                temperature=temperature,
+            )
+            timings["generate"] += time.perf_counter() - t0
+            texts = []
+            for i, limit, (ids, logps) in zip(active, limits, outputs):
+                ep = episodes[i]
+                ids, logps = ids[:limit], logps[:limit]
+                ep.completion_ids += ids
+                ep.env_mask += [1] * len(ids)
+                ep.logprobs += logps
+                ep.turn_end_positions.append(len(ep.completion_ids) - 1)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                ep.messages.append({"role": "assistant", "content": text})
+                texts.append(text)
+            t0 = time.perf_counter()
+            rewards = self.runner.map(
+                lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts))
+            )
+            timings["env"] += time.perf_counter() - t0
+            for i, reward in zip(active, rewards):
+                ep, state = episodes[i], live[i]
+                ep.turn_rewards.append(reward)
+                ended_by_eos = (
+                    ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids
+                    if ep.completion_ids
+                    else False
+                )
+                if ep.done or turn == cfg.max_turns or state.actions_left <= 0:
+                    ep.done = True
+                    continue
+                content = turn_message(
+                    turn + 1,
+                    state.obs,
+                    state.actions_left if self._named(state.env) else None,
+                    reward,
+                    cfg.enable_think,
+                )
+                obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids(
+                    {"role": "user", "content": content}
+                )
+                if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
+                    ep.truncated = True  # cut at a turn boundary: the next turn would not fit
+                    continue
+                ep.completion_ids += obs_ids
+                ep.env_mask += [0] * len(obs_ids)
+                ep.logprobs += [0.0] * len(obs_ids)
+                ep.messages.append({"role": "user", "content": content})
+        bar.update(len(episodes) - finished)
+        bar.close()
+        t0 = time.perf_counter()
+        self.runner.map(self._close, [state.env for state in live if state.env is not None])
+        timings["env"] += time.perf_counter() - t0
+        return Rollout(episodes, timings)
+
+    def close(self) -> None:
+        """Stop the env worker processes, if any."""
+        self.runner.close()
+
+    @staticmethod
+    def _named(env) -> bool:
+        return env is not None and env.unwrapped.action_names is not None
+
+    def _act(self, ep: Episode, state: _Live, text: str) -> float:
+        """Parse one reply and step the env; return the turn reward (env rewards + format penalty).
+        Runs on the runner's threads: it touches only this episode."""
+        cfg = self.config
+        env = state.env
+        named = self._named(env)
+        budget = min(cfg.max_actions_per_turn, state.actions_left) if named else 1
+        parsed = parse_reply(text, cfg.enable_think, split_actions=named, max_actions=budget)
+        reward, format_error = 0.0, not parsed.format_ok
+        for action in parsed.actions:
+            try:
+                if named and env.unwrapped.match_action(action) is None:
+                    format_error = True  # unknown action: dropped, penalised
+                    ep.num_actions += 1
+                    continue
+                obs, r, terminated, truncated, info = env.step(action)
+                r = float(r)
+                if not math.isfinite(r):
+                    raise ValueError(f"non-finite reward {r!r}")
+            except Exception as err:  # a failing, slow or NaN-paying env ends only this episode
+                ep.env_error, ep.done = f"step: {_error_text(err)}", True
+                break
+            state.obs = obs
+            ep.num_actions += 1
+            state.actions_left -= 1
+            reward += float(r)
+            ep.num_valid_actions += bool(info.get("action_is_valid", True))
+            ep.num_effective_actions += bool(info.get("action_is_effective", False))
+            if not named and not info.get("action_is_valid", True):
+                format_error = True
+            if terminated or truncated:
+                ep.success = bool(info.get("success", False))
+                ep.done = True
+                break
+        if format_error:
+            ep.num_format_errors += 1
+            reward += cfg.format_penalty
+        if cfg.enable_think and (cfg.think_shaping.enabled or self.reasoning_reward_fn is not None):
+            shaping = turn_shaping_reward(
+                parsed.think,
+                parsed.answer,
+                state.last_think,
+                ep.num_turns + 1,
+                cfg.think_shaping,
+                self.reasoning_reward_fn,
+            )
+            ep.shaping_reward += shaping
+            reward += shaping
+        state.last_think = parsed.think
+        return reward

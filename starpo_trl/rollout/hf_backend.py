@@ -1,0 +1,228 @@
+"""Generation with a Hugging Face model: sampling from the plain softmax, sampled-token logprobs,
+KV reuse across turns and shared prompts."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list[int], pad_token_id: int):
+    """A ``GenerationConfig`` that samples from exactly ``softmax(logits / temperature)``.
+
+    Every logits processor a checkpoint's ``generation_config`` may bring (repetition penalty,
+    top-k / top-p / min-p, typical / epsilon / eta cutoffs, n-gram blocking, a minimum length, ...)
+    is set to its neutral value, because TRL's loss and the recorded sampling logprobs are
+    ``log_softmax(logits / T)``: tokens drawn from any other distribution would carry wrong ratios.
+    """
+    from transformers import GenerationConfig
+
+    greedy = temperature <= 0
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=1.0 if greedy else temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        renormalize_logits=False,
+        eos_token_id=list(eos_token_ids),
+        pad_token_id=pad_token_id,
+        return_dict_in_generate=True,
+    )
+
+
+class HFBackend:
+    """Generation with ``model.generate``, sampling at ``temperature`` from the plain softmax: no
+    top-k/top-p, and none of the processors a checkpoint's ``generation_config`` sets
+    (``sampling_config``; the model's own config is set aside during the call, so nothing of it
+    fills the unset fields).
+
+    Logprobs are ``log_softmax(logits / temperature)`` of the sampled tokens: the same quantity
+    TRL's loss computes, so the importance ratio starts at exactly 1 on-policy.
+
+    KV reuse across turns (``reuse_cache``, on for full-attention models): each call keeps, per
+    sequence, the keys and values it computed (prompt, history and the new reply but its last
+    token). A sequence of the next call that extends a kept one (same tokens, plus the reply's last
+    token and the next observation) feeds only its new tokens; the kept rows are laid out right-aligned
+    in one cache, the new tokens left-padded after it, and the attention mask hides the gaps, so each
+    row sees exactly its own tokens at their own positions. The engine calls ``reset()`` at the start
+    of every rollout: kept values belong to the weights they were computed with. With the same cache
+    layout, identical new sequences (the copies of a start state in a group) are read once and shared.
+    """
+
+    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], reuse_cache: bool = True):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.reuse_cache = reuse_cache and _full_attention(model)
+        self.prefill_tokens = 0  # tokens run through the model before sampling, over all calls
+        self._kept: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+
+    def reset(self) -> None:
+        self._kept = []
+
+    def _match(self, sequences) -> list:
+        """For each sequence, the kept entry it extends (in order: the engine keeps episode order), or None."""
+        found, j = [], 0
+        for seq in sequences:
+            hit = None
+            for k in range(j, len(self._kept)):
+                tokens = self._kept[k][0]
+                if len(tokens) < len(seq) and seq[: len(tokens)] == tokens:
+                    hit, j = self._kept[k], k + 1
+                    break
+            found.append(hit)
+        return found
+
+    @torch.no_grad()
+    def generate(self, sequences, max_new_tokens, temperature):
+        from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+
+        device = next(self.model.parameters()).device
+        kept = self._match(sequences) if self.reuse_cache else [None] * len(sequences)
+        if self.reuse_cache:
+            kept = self._share_prompts(sequences, kept, device)
+        cached = [0 if k is None else len(k[0]) for k in kept]
+        suffixes = [seq[c:] for seq, c in zip(sequences, cached)]
+        n, lc, ls = len(sequences), max(cached), max(len(x) for x in suffixes)
+        input_ids = torch.full((n, ls), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, lc + ls), dtype=torch.long)
+        for i, (c, suffix) in enumerate(zip(cached, suffixes)):
+            input_ids[i, ls - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            attention_mask[i, lc - c : lc] = 1
+            attention_mask[i, lc + ls - len(suffix) :] = 1
+        self.prefill_tokens += sum(len(x) for x in suffixes)
+        past = None
+        if lc > 0:  # the kept rows, right-aligned in one cache; zeros (masked) on the left
+            layers = []
+            for layer, (k0, v0) in enumerate(next(k for k in kept if k is not None)[1]):
+                keys = k0.new_zeros((n, k0.shape[0], lc, k0.shape[2]))
+                values = v0.new_zeros((n, v0.shape[0], lc, v0.shape[2]))
+                for i, (entry, c) in enumerate(zip(kept, cached)):
+                    if entry is not None:
+                        keys[i, :, lc - c :], values[i, :, lc - c :] = entry[1][layer]
+                layers.append((keys.to(device), values.to(device)))
+            past = DynamicCache(ddp_cache_data=layers)
+        greedy = temperature <= 0
+        was_training = self.model.training
+        self.model.eval()
+        own = self.model.generation_config
+        self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
+        record = _SampledLogprobs(1.0 if greedy else temperature)
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                cache=past,
+                generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
+                logits_processor=LogitsProcessorList([record]),
+            )
+        finally:
+            self.model.generation_config = own
+        if was_training:
+            self.model.train()
+        new_tokens = out.sequences[:, ls:]
+        logps = record.finish(new_tokens[:, -1])
+        results = []
+        eos = set(self.eos_token_ids)
+        for row, lp in zip(new_tokens.tolist(), logps.tolist()):
+            end = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+            results.append((row[:end], lp[:end]))
+        if self.reuse_cache:
+            self._keep(sequences, cached, suffixes, lc, ls, results, out.past_key_values)
+        return results
+
+    def _share_prompts(self, sequences, kept, device) -> list:
+        """Identical new sequences (a group's ``num_generations`` copies of one start state) are read once.
+
+        The keys and values of each distinct sequence but its last token come from one forward pass
+        (left-padded, positions counted from each row's first token); every copy then starts from
+        them as from a kept entry, feeding only its last token."""
+        rows: dict[tuple, list[int]] = {}
+        for i, (seq, entry) in enumerate(zip(sequences, kept)):
+            if entry is None and len(seq) > 1:
+                rows.setdefault(tuple(seq), []).append(i)
+        shared = [seq for seq, members in rows.items() if len(members) > 1]
+        if not shared:
+            return kept
+        width = max(len(seq) - 1 for seq in shared)
+        input_ids = torch.full((len(shared), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(shared), width), dtype=torch.long)
+        for r, seq in enumerate(shared):
+            input_ids[r, width - len(seq) + 1 :] = torch.tensor(seq[:-1], dtype=torch.long)
+            attention_mask[r, width - len(seq) + 1 :] = 1
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            use_cache=True,
+        )
+        if was_training:
+            self.model.train()
+        self.prefill_tokens += sum(len(seq) - 1 for seq in shared)
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        kept = list(kept)
+        for r, seq in enumerate(shared):
+            start = width - len(seq) + 1
+            entry = (list(seq[:-1]), [(k[r, :, start:], v[r, :, start:]) for k, v in layers])
+            for i in rows[seq]:
+                kept[i] = entry
+        return kept
+
+    def _keep(self, sequences, cached, suffixes, lc, ls, results, cache) -> None:
+        """Each row's own keys and values (its history and its reply but the last token), contiguous."""
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        kept = []
+        for i, (seq, c, suffix, (ids, _)) in enumerate(zip(sequences, cached, suffixes, results)):
+            if not ids:
+                continue
+            spans = [(lc - c, lc), (lc + ls - len(suffix), lc + ls), (lc + ls, lc + ls + len(ids) - 1)]
+            rows = [
+                (
+                    torch.cat([k[i, :, a:b] for a, b in spans], dim=1),
+                    torch.cat([v[i, :, a:b] for a, b in spans], dim=1),
+                )
+                for k, v in layers
+            ]
+            kept.append((list(seq) + ids[:-1], rows))
+        self._kept = kept
+
+
+class _SampledLogprobs:
+    """A logits processor that records ``log_softmax(logits / T)`` of each sampled token without
+    keeping every step's logits: at step t it sees the token drawn at step t-1 and reads its
+    logprob from the one distribution it kept (batch x vocab, not batch x steps x vocab: 13 GB for
+    256 replies of 256 tokens over a 49k vocabulary). Custom processors run before the temperature
+    warper, so ``scores`` are the raw logits here (every other processor is neutral)."""
+
+    def __init__(self, scale: float):
+        self.scale, self.previous, self.steps = scale, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, input_ids[:, -1:].to(self.previous.device)).squeeze(1))
+        self.previous = torch.log_softmax(scores.float() / self.scale, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, new tokens) logprobs, given the tokens drawn at the last step."""
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, last_tokens[:, None].to(self.previous.device)).squeeze(1))
+            self.previous = None
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(last_tokens), 0)
+
+
+def _full_attention(model) -> bool:
+    """Only caches of plain full-attention layers are laid out and cut here (no sliding windows)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in types) and not getattr(config, "use_sliding_window", False)
