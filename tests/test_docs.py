@@ -1,0 +1,87 @@
+"""Every snippet in README.md and docs/*.md runs: Python blocks are executed (a Hub model id is
+served by the tiny offline model, and StarPOConfig is shrunk to one CPU step, so the same
+statements run here); shell blocks name only make targets, files and flags that exist."""
+
+import pathlib
+import re
+import shlex
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def blocks(kind: str):
+    for page in PAGES:
+        for i, code in enumerate(re.findall(rf"^```{kind}\n(.*?)^```", page.read_text(), flags=re.S | re.M)):
+            yield pytest.param(code, id=f"{page.name}:{i}")
+
+
+SMALL = dict(
+    max_steps=1,
+    num_start_states=2,
+    num_generations=2,
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=1,
+    max_turns=1,
+    max_tokens_per_turn=8,
+    num_eval_episodes=2,
+    rollout_filter_ratio=1.0,
+    bf16=False,
+    use_cpu=True,
+    report_to=[],
+    save_strategy="no",
+    disable_tqdm=True,
+)
+
+
+@pytest.mark.parametrize("code", list(blocks("python")))
+def test_python_snippets_run(code, tmp_path, tiny_tokenizer, monkeypatch):
+    import starpo_trl
+    from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+    from starpo_trl.tiny import build_tiny_model
+
+    def small_config(**kwargs):
+        return StarPOConfig(**{**kwargs, **SMALL, "output_dir": str(tmp_path / "run")})
+
+    def tiny_trainer(model, args, **kwargs):
+        if isinstance(model, str) and "/" in model:  # a Hub id: the tiny model stands in for it
+            model, kwargs["processing_class"] = build_tiny_model(tiny_tokenizer, seed=0), tiny_tokenizer
+        return MultiTurnStarPOTrainer(model, args, **kwargs)
+
+    monkeypatch.setattr(starpo_trl, "StarPOConfig", small_config)
+    monkeypatch.setattr(starpo_trl, "MultiTurnStarPOTrainer", tiny_trainer)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})
+
+
+def commands(code: str) -> list[list[str]]:
+    joined = code.replace("\\\n", " ")
+    return [shlex.split(line.split("#")[0]) for line in joined.splitlines() if line.split("#")[0].strip()]
+
+
+@pytest.mark.parametrize("code", list(blocks("bash")))
+def test_shell_snippets_name_what_exists(code):
+    from trl import ModelConfig, TrlParser
+
+    import evaluate
+    from starpo_trl import StarPOConfig
+    from starpo_trl.config import RunArguments
+    from starpo_trl.models import TinyModelArguments
+
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
+    for words in commands(code):
+        if words[0] == "make":
+            assert words[1] in targets, words
+        if "--config_file" in words:
+            assert (ROOT / words[words.index("--config_file") + 1]).is_file(), words
+        if "train.py" in words:
+            argv = words[words.index("train.py") + 1 :]
+            recipe = argv[argv.index("--config") + 1]
+            assert (ROOT / recipe).is_file(), recipe
+            parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+            known = {a.dest for a in parser._actions}
+            assert all(a.lstrip("-") in known for a in argv[::2] if a.startswith("--") and a != "--config"), argv
+        if "evaluate.py" in words:
+            evaluate.parser().parse_args(words[words.index("evaluate.py") + 1 :])
