@@ -1,8 +1,8 @@
 """LoRA through the trainer: only the adapter trains, the reference is the base (adapter disabled), LoRA critic."""
 
 import torch
+from helpers import make_args
 from peft import LoraConfig
-from test_trainer import make_args
 
 from starpo_trl import MultiTurnStarPOTrainer
 from starpo_trl.tiny import build_tiny_model

@@ -4,7 +4,7 @@ and the trainer reaches for no private name of its parents beyond that list."""
 import inspect
 import re
 
-from test_trainer import make_args
+from helpers import make_args
 from trl import GRPOTrainer
 
 from starpo_trl import MultiTurnStarPOTrainer, trl_private

@@ -5,8 +5,8 @@ import os
 
 import pytest
 import torch
+from helpers import make_args
 from safetensors.torch import load_file
-from test_trainer import make_args
 
 from starpo_trl import MultiTurnStarPOTrainer
 from starpo_trl.monitoring.guard import CollapseMonitor, GuardRules

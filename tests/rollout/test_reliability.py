@@ -12,7 +12,7 @@ from envs.sokoban import SokobanEnv
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class FlakyEnv(SokobanEnv):

@@ -262,7 +262,7 @@ def test_sharded_critic_optimizer_matches_plain_adamw_across_two_processes(tmp_p
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     cmd = [
         sys.executable,
         "-m",
@@ -271,7 +271,7 @@ def test_sharded_critic_optimizer_matches_plain_adamw_across_two_processes(tmp_p
         "2",
         "--master_port",
         "29541",
-        str(root / "tests/dist_critic.py"),
+        str(root / "tests/distributed/dist_critic.py"),
         str(tmp_path),
     ]
     run = subprocess.run(
@@ -309,7 +309,7 @@ def test_sharded_critic_matches_plain_adamw_across_two_processes(tmp_path, mode)
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     port = 29560 + ["zero2", "zero3", "zero3_offload", "fsdp"].index(mode)
     cmd = [
         sys.executable,
@@ -319,7 +319,7 @@ def test_sharded_critic_matches_plain_adamw_across_two_processes(tmp_path, mode)
         "2",
         "--master_port",
         str(port),
-        str(root / "tests/dist_critic_sharded.py"),
+        str(root / "tests/distributed/dist_critic_sharded.py"),
         str(tmp_path),
         mode,
     ]

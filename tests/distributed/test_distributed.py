@@ -9,14 +9,14 @@ import sys
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 
 def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
     # DeepSpeed and FSDP on CPU processes go through tests/sharded_cpu.py (accelerate starts them only on accelerators)
     script = (
-        [str(ROOT / "tests/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"]
+        [str(ROOT / "tests/distributed/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"]
         if sharded
         else [str(ROOT / "train.py")]
     )

@@ -54,7 +54,7 @@ def test_plot_from_newest_checkpoint_via_module_cli(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "starpo_trl.monitoring.diagnostics", "plot", str(tmp_path), "--out", str(out)],
         check=True,
-        cwd=os.path.dirname(os.path.dirname(__file__)),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     assert out.stat().st_size > 1000
 

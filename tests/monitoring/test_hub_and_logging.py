@@ -5,8 +5,8 @@ import os
 
 import pandas as pd
 import torch
+from helpers import make_args
 from huggingface_hub import ModelCard
-from test_trainer import make_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from starpo_trl import MultiTurnStarPOTrainer

@@ -1,0 +1,25 @@
+"""Shared test helpers."""
+
+from starpo_trl import StarPOConfig
+
+
+def make_args(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path),
+        env_id="starpo/Bandit-v0",
+        num_start_states=4,
+        num_generations=4,
+        rollout_filter_ratio=0.5,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        max_steps=2,
+        max_turns=1,
+        max_tokens_per_turn=12,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        num_eval_episodes=8,
+        seed=0,
+    )
+    base.update(kw)
+    return StarPOConfig(**base)
