@@ -189,22 +189,10 @@ class RolloutEngine:
         if hasattr(backend, "reset"):  # a backend's kept state belongs to the weights of its last rollout
             backend.reset()
         timings = {"generate": 0.0, "env": 0.0}
-        episodes: list[Episode] = []
-        live: list[_Live] = []
         t0 = time.perf_counter()
         opened = self.runner.map(self._open, starts)
         timings["env"] += time.perf_counter() - t0
-        for start, (env, obs, error) in zip(starts, opened):
-            if error is None:
-                content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
-                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
-                ep.messages.append({"role": "user", "content": content})
-            else:
-                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
-                ep.env_error, ep.done = error, True
-            episodes.append(ep)
-            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
-
+        episodes, live = self._start(starts, opened)
         bar = tqdm(total=len(episodes), desc="episodes", unit="ep", leave=False, disable=not progress)
         finished = 0
         for turn in range(1, cfg.max_turns + 1):
@@ -219,69 +207,87 @@ class RolloutEngine:
                     backend.generate([], max_new_tokens=0, temperature=temperature)
                     continue
                 break
-            # each episode is limited by its own room only; the batch is generated to the largest
-            # limit and every reply cut to its episode's, so an episode's tokens do not depend on
-            # who shares its batch
-            limits = [
-                min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(episodes[i].completion_ids)) for i in active
-            ]
-            t0 = time.perf_counter()
-            outputs = backend.generate(
-                [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
-                max_new_tokens=max(limits),
-                temperature=temperature,
-            )
-            timings["generate"] += time.perf_counter() - t0
-            texts = []
-            for i, limit, (ids, logps) in zip(active, limits, outputs):
-                ep = episodes[i]
-                ids, logps = ids[:limit], logps[:limit]
-                ep.completion_ids += ids
-                ep.env_mask += [1] * len(ids)
-                ep.logprobs += logps
-                ep.turn_end_positions.append(len(ep.completion_ids) - 1)
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                ep.messages.append({"role": "assistant", "content": text})
-                texts.append(text)
+            texts = self._generate([episodes[i] for i in active], backend, temperature, timings)
             t0 = time.perf_counter()
             rewards = self.runner.map(
                 lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts))
             )
             timings["env"] += time.perf_counter() - t0
             for i, reward in zip(active, rewards):
-                ep, state = episodes[i], live[i]
-                ep.turn_rewards.append(reward)
-                ended_by_eos = (
-                    ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids
-                    if ep.completion_ids
-                    else False
-                )
-                if ep.done or turn == cfg.max_turns or state.actions_left <= 0:
-                    ep.done = True
-                    continue
-                content = turn_message(
-                    turn + 1,
-                    state.obs,
-                    state.actions_left if self._named(state.env) else None,
-                    reward,
-                    cfg.enable_think,
-                )
-                obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids(
-                    {"role": "user", "content": content}
-                )
-                if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
-                    ep.truncated = True  # cut at a turn boundary: the next turn would not fit
-                    continue
-                ep.completion_ids += obs_ids
-                ep.env_mask += [0] * len(obs_ids)
-                ep.logprobs += [0.0] * len(obs_ids)
-                ep.messages.append({"role": "user", "content": content})
+                self._next_turn(episodes[i], live[i], turn, reward)
         bar.update(len(episodes) - finished)
         bar.close()
         t0 = time.perf_counter()
         self.runner.map(self._close, [state.env for state in live if state.env is not None])
         timings["env"] += time.perf_counter() - t0
         return Rollout(episodes, timings)
+
+    def _start(self, starts: list[StartState], opened) -> tuple[list[Episode], list[_Live]]:
+        """The episodes' first prompts (or their reset errors), and what each run keeps per episode."""
+        cfg = self.config
+        episodes, live = [], []
+        for start, (env, obs, error) in zip(starts, opened):
+            if error is None:
+                content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
+                ep.messages.append({"role": "user", "content": content})
+            else:
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
+                ep.env_error, ep.done = error, True
+            episodes.append(ep)
+            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
+        return episodes, live
+
+    def _generate(self, active: list[Episode], backend, temperature: float, timings: dict) -> list[str]:
+        """One batched generation call for the active episodes; appends each reply's tokens verbatim
+        (mask 1, with their logprobs) and returns the replies as text.
+
+        Each episode is limited by its own room only: the batch is generated to the largest limit
+        and every reply cut to its episode's, so an episode's tokens do not depend on who shares its
+        batch."""
+        cfg = self.config
+        limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(ep.completion_ids)) for ep in active]
+        t0 = time.perf_counter()
+        outputs = backend.generate(
+            [ep.prompt_ids + ep.completion_ids for ep in active], max_new_tokens=max(limits), temperature=temperature
+        )
+        timings["generate"] += time.perf_counter() - t0
+        texts = []
+        for ep, limit, (ids, logps) in zip(active, limits, outputs):
+            ids, logps = ids[:limit], logps[:limit]
+            ep.completion_ids += ids
+            ep.env_mask += [1] * len(ids)
+            ep.logprobs += logps
+            ep.turn_end_positions.append(len(ep.completion_ids) - 1)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            ep.messages.append({"role": "assistant", "content": text})
+            texts.append(text)
+        return texts
+
+    def _next_turn(self, ep: Episode, state: _Live, turn: int, reward: float) -> None:
+        """Record the turn's reward; end the episode, or append the next user message as the chat
+        template's tokens (mask 0; an end-of-turn token first when the reply was cut), or mark it
+        truncated when that message would not fit in ``max_episode_tokens``."""
+        cfg = self.config
+        ep.turn_rewards.append(reward)
+        ended_by_eos = (
+            ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids if ep.completion_ids else False
+        )
+        if ep.done or turn == cfg.max_turns or state.actions_left <= 0:
+            ep.done = True
+            return
+        actions_left = state.actions_left if self._named(state.env) else None
+        content = turn_message(turn + 1, state.obs, actions_left, reward, cfg.enable_think)
+        obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids(
+            {"role": "user", "content": content}
+        )
+        if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
+            ep.truncated = True  # cut at a turn boundary: the next turn would not fit
+            return
+        ep.completion_ids += obs_ids
+        ep.env_mask += [0] * len(obs_ids)
+        ep.logprobs += [0.0] * len(obs_ids)
+        ep.messages.append({"role": "user", "content": content})
 
     def close(self) -> None:
         """Stop the env worker processes, if any."""
