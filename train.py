@@ -121,6 +121,85 @@ def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
                 )
 
 
+def run_warm_start(model, tokenizer, run_args: RunArguments, args: StarPOConfig):
+    """SFT on ``warm_start_episodes`` noisy-expert episodes, in the RL phase's own format."""
+    from starpo_trl.warm_start import demonstrations, warm_start
+
+    seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
+    demos = demonstrations(
+        args.env_id,
+        args.env_kwargs,
+        seeds,
+        run_args.warm_start_noise,
+        rollout_config(args),
+        run_args.warm_start_actions_per_turn,
+        seed=args.seed,
+    )
+    return warm_start(
+        model,
+        tokenizer,
+        demos,
+        os.path.join(args.output_dir, "warm_start"),
+        epochs=run_args.warm_start_epochs,
+        learning_rate=run_args.warm_start_learning_rate,
+        batch_size=run_args.warm_start_batch_size,
+        seed=args.seed,
+        use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
+    )
+
+
+def write_rank_summary(trainer, output_dir: str, critic_initial: str | None) -> None:
+    """``output_dir/rank-N.json``: what this process holds (kept groups per rollout, SHA-256 of its policy
+    and critic weights), to check that the processes agree."""
+    acc = trainer.accelerator
+    summary = {
+        "process_index": acc.process_index,
+        "num_processes": acc.num_processes,
+        "kept_groups": trainer.kept_group_history,
+        "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)),
+        "global_step": trainer.state.global_step,
+        # parameters of the critic, and the share this process holds (half each on 2 processes under ZeRO-3)
+        "critic_numel": None
+        if trainer.critic is None
+        else sum(getattr(p, "ds_numel", p.numel()) for p in trainer.critic.trainable_parameters()),
+        "critic_local_numel": None
+        if trainer.critic is None
+        else sum(
+            p.ds_tensor.numel()
+            if hasattr(p, "ds_tensor")
+            else p.to_local().numel()
+            if hasattr(p, "to_local")
+            else p.numel()
+            for p in trainer.critic.trainable_parameters()
+        ),
+        "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
+        "critic_initial_sha256": critic_initial,
+    }
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, f"rank-{acc.process_index}.json"), "w") as f:
+        json.dump(summary, f)
+
+
+def write_outputs(trainer, run_args: RunArguments, args: StarPOConfig, result: dict, wall: float) -> None:
+    """``report.json``, ``curves.png`` and ``dashboard.png`` in ``output_dir``; the result appended to ``report_path``."""
+    with open(os.path.join(args.output_dir, "report.json"), "w") as f:
+        json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)
+    name = env_name(args.env_id)
+    plot_curves(trainer.state.log_history, name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
+    plot_dashboard(
+        trainer.state.log_history,
+        os.path.join(args.output_dir, "dashboard.png"),
+        name,
+        result["guard_events"],
+        title=args.env_id,
+    )
+    if run_args.report_path:
+        append_report(run_args.report_path, result, wall)
+    print(
+        f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)"
+    )
+
+
 def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
     start = time.time()
     # recipes may point at a home-relative directory, e.g. the offline model `make model` writes
@@ -146,29 +225,7 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
 
         value_model = copy.deepcopy(model)
     if run_args.warm_start_episodes > 0:
-        from starpo_trl.warm_start import demonstrations, warm_start
-
-        seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-        demos = demonstrations(
-            args.env_id,
-            args.env_kwargs,
-            seeds,
-            run_args.warm_start_noise,
-            rollout_config(args),
-            run_args.warm_start_actions_per_turn,
-            seed=args.seed,
-        )
-        model = warm_start(
-            model,
-            tokenizer,
-            demos,
-            os.path.join(args.output_dir, "warm_start"),
-            epochs=run_args.warm_start_epochs,
-            learning_rate=run_args.warm_start_learning_rate,
-            batch_size=run_args.warm_start_batch_size,
-            seed=args.seed,
-            use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
-        )
+        model = run_warm_start(model, tokenizer, run_args, args)
     trainer = MultiTurnStarPOTrainer(
         model,
         args,
@@ -196,52 +253,9 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     }
     wall = time.time() - start
     if run_args.rank_summary:
-        acc = trainer.accelerator
-        summary = {
-            "process_index": acc.process_index,
-            "num_processes": acc.num_processes,
-            "kept_groups": trainer.kept_group_history,
-            "weights_sha256": weights_digest(acc.unwrap_model(trainer.model)),
-            "global_step": trainer.state.global_step,
-            # parameters of the critic, and the share this process holds (half each on 2 processes under ZeRO-3)
-            "critic_numel": None
-            if trainer.critic is None
-            else sum(getattr(p, "ds_numel", p.numel()) for p in trainer.critic.trainable_parameters()),
-            "critic_local_numel": None
-            if trainer.critic is None
-            else sum(
-                p.ds_tensor.numel()
-                if hasattr(p, "ds_tensor")
-                else p.to_local().numel()
-                if hasattr(p, "to_local")
-                else p.numel()
-                for p in trainer.critic.trainable_parameters()
-            ),
-            "critic_sha256": None if trainer.critic is None else weights_digest(trainer.critic.trainable_parameters()),
-            "critic_initial_sha256": critic_initial,
-        }
-        os.makedirs(args.output_dir, exist_ok=True)
-        with open(os.path.join(args.output_dir, f"rank-{acc.process_index}.json"), "w") as f:
-            json.dump(summary, f)
+        write_rank_summary(trainer, args.output_dir, critic_initial)
     if trainer.accelerator.is_main_process:
-        with open(os.path.join(args.output_dir, "report.json"), "w") as f:
-            json.dump(
-                {**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2
-            )
-        name = env_name(args.env_id)
-        plot_curves(trainer.state.log_history, name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
-        plot_dashboard(
-            trainer.state.log_history,
-            os.path.join(args.output_dir, "dashboard.png"),
-            name,
-            result["guard_events"],
-            title=args.env_id,
-        )
-        if run_args.report_path:
-            append_report(run_args.report_path, result, wall)
-        print(
-            f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)"
-        )
+        write_outputs(trainer, run_args, args, result, wall)
     if args.push_to_hub:
         trainer.push_to_hub()
     return result

@@ -298,6 +298,23 @@ class StarPOConfig(GRPOConfig):
     remove_unused_columns: bool | None = field(default=False, metadata={"help": "Keep the start-state columns."})
 
     def __post_init__(self):
+        self._parse_env_kwargs()
+        self._check_ranges()
+        self._check_envs()
+        self._check_rollout_settings()
+        self._check_training_settings()
+        if self.bf16 is None and not self.fp16:
+            import torch
+
+            # TRL turns bf16 on by default; on a machine without a bf16 GPU train in fp32 instead of failing.
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if self.generation_batch_size is None and self.steps_per_generation is None:
+            self.generation_batch_size = self.num_start_states * self.num_generations
+        super().__post_init__()
+        self._check_batch_layout()
+
+    def _parse_env_kwargs(self) -> None:
+        """``env_kwargs`` / ``eval_env_kwargs`` as dicts (JSON strings from the command line)."""
         for name in ("env_kwargs", "eval_env_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -315,7 +332,9 @@ class StarPOConfig(GRPOConfig):
             dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
         )
         self.eval_env_id = self.eval_env_id or self.env_id
-        self._check_ranges()
+
+    def _check_envs(self) -> None:
+        """The env ids exist, their kwargs fit and the envs keep the text-env contract; env-call settings."""
         if self.env_id is not None:
             from envs.contract import check_env_contract, check_env_id
 
@@ -334,6 +353,9 @@ class StarPOConfig(GRPOConfig):
                 f"env_step_timeout needs env_runner='processes' (got {self.env_runner!r}): a hung env call can only be stopped "
                 "by killing its worker process. Leave env_runner unset or set it to processes."
             )
+
+    def _check_rollout_settings(self) -> None:
+        """The filter and the episode budgets."""
         if self.value_loss_tokens not in ("all", "turn_ends"):
             raise ValueError(f"value_loss_tokens must be 'all' or 'turn_ends', got {self.value_loss_tokens!r}")
         if self.rollout_filter_metric not in FILTER_METRICS:
@@ -357,6 +379,9 @@ class StarPOConfig(GRPOConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_completion_length is None or self.max_completion_length < self.max_episode_tokens:
             self.max_completion_length = self.max_episode_tokens
+
+    def _check_training_settings(self) -> None:
+        """Advantage estimator, reward normalisation, collapse guard, reasoning shaping, critic, vLLM LoRA sync, loss."""
         get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
         if self.reward_normalization not in ("identity", "mean", "mean_std", "asym_clip"):
             raise ValueError(
@@ -404,14 +429,9 @@ class StarPOConfig(GRPOConfig):
                     f"loss_aggregation must be one of {sorted(LOSS_AGGREGATION)}, got {self.loss_aggregation!r}"
                 )
             self.loss_type = LOSS_AGGREGATION[self.loss_aggregation]
-        if self.bf16 is None and not self.fp16:
-            import torch
 
-            # TRL turns bf16 on by default; on a machine without a bf16 GPU train in fp32 instead of failing.
-            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-        if self.generation_batch_size is None and self.steps_per_generation is None:
-            self.generation_batch_size = self.num_start_states * self.num_generations
-        super().__post_init__()
+    def _check_batch_layout(self) -> None:
+        """The kept trajectories of a step can be dealt to the processes in equal micro-batches."""
         groups = self.generation_batch_size // self.num_generations
         if groups != self.num_start_states:
             raise ValueError(

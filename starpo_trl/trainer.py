@@ -202,6 +202,10 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         return gather_object(local)
 
     def _generate_and_score_completions(self, inputs):
+        """The StarPO step, in the order data flows: play -> filter -> advantages -> (critic) -> batch.
+
+        Kept in one function (about 60 lines) so the whole step reads top to bottom; each stage is a
+        call into ``rollout``, ``algorithms`` or a method below."""
         args: StarPOConfig = self.args
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
