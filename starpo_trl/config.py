@@ -62,6 +62,9 @@ class StarPOConfig(GRPOConfig):
             `[train_seed_offset, train_seed_offset + num_train_seeds)`.
         eval_seed_offset / num_eval_episodes (default 256): held-out start states, disjoint from
             training seeds by default.
+        eval_rollout_batch_size (`int`, 256): held-out episodes played per engine call on each
+            process; the memory of an evaluation grows with episodes x history (256 five-turn
+            FrozenLake episodes of SmolLM2-135M on CPU: over 8 GB), so lower it if it runs out.
 
         > Episodes
 
@@ -175,6 +178,12 @@ class StarPOConfig(GRPOConfig):
     num_train_seeds: int = field(default=100_000, metadata={"help": "Number of distinct training start states."})
     eval_seed_offset: int = field(default=10_000_000, metadata={"help": "First held-out evaluation seed."})
     num_eval_episodes: int = field(default=256, metadata={"help": "Held-out episodes per evaluation."})
+    eval_rollout_batch_size: int = field(
+        default=256,
+        metadata={
+            "help": "Held-out episodes played per engine call (per process); lower it if a long evaluation runs out of memory."
+        },
+    )
 
     max_turns: int = field(default=5, metadata={"help": "Maximum turns per episode."})
     max_actions_per_turn: int = field(default=5, metadata={"help": "Maximum actions executed per turn."})
@@ -480,7 +489,7 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(
                 f"env_step_timeout must be a finite number of seconds > 0, or None for no limit, got {self.env_step_timeout}"
             )
-        for name in ("num_eval_episodes", "num_train_seeds", "max_empty_steps"):
+        for name in ("num_eval_episodes", "eval_rollout_batch_size", "num_train_seeds", "max_empty_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.critic_warmup_steps < 0:

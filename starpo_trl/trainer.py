@@ -11,6 +11,7 @@ Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import nullcontext
 
@@ -504,9 +505,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.model.eval()
         # each process plays every num_processes-th seed; the metrics are over all of them
         mine = list(seeds)[self.accelerator.process_index :: self.accelerator.num_processes]
-        episodes = self._gather_episodes(
-            self.play(self._starts(mine, args.eval_env_id, args.eval_env_kwargs), args.eval_temperature)
-        )
+        # in calls of eval_rollout_batch_size episodes (memory grows with episodes x history); every
+        # process makes the same number of calls, as a collective backend needs
+        per_call = args.eval_rollout_batch_size
+        local = []
+        for k in range(math.ceil(math.ceil(n / self.accelerator.num_processes) / per_call)):
+            starts = self._starts(mine[k * per_call : (k + 1) * per_call], args.eval_env_id, args.eval_env_kwargs)
+            local += self.play(starts, args.eval_temperature)
+        episodes = self._gather_episodes(local)
         if was_training:
             self.model.train()
         self.last_eval_episodes = episodes

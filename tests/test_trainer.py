@@ -118,3 +118,17 @@ def test_env_tokens_and_padding_never_reach_the_loss(tmp_path, tiny_tokenizer, f
 def test_trainer_refuses_a_config_without_env(tmp_path, tiny_tokenizer, fresh_model):
     with pytest.raises(ValueError, match="env_id"):
         MultiTurnStarPOTrainer(fresh_model, make_args(tmp_path, env_id=None), processing_class=tiny_tokenizer)
+
+
+def test_held_out_evaluation_plays_in_calls_of_eval_rollout_batch_size(tmp_path, tiny_tokenizer, fresh_model):
+    from conftest import ScriptedBackend
+
+    backend = ScriptedBackend(tiny_tokenizer, "<think>x</think><answer>Dragon</answer>", tiny_tokenizer.eos_token_id)
+    args = make_args(tmp_path, num_eval_episodes=8, eval_rollout_batch_size=3)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, backend=backend)
+    metrics = trainer.evaluate_success()
+    assert backend.calls == [3, 3, 2]  # max_turns=1: one generation call per engine call
+    seeds = [ep.start.seed for ep in trainer.last_eval_episodes]
+    assert seeds == list(range(args.eval_seed_offset, args.eval_seed_offset + 8)) and metrics["turns"] == 1.0
+    with pytest.raises(ValueError, match="eval_rollout_batch_size"):
+        make_args(tmp_path, eval_rollout_batch_size=0)
