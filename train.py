@@ -21,9 +21,10 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from envs.contract import env_name
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.algorithms import critic_estimators, get_estimator
-from starpo_trl.config import RunArguments, rollout_config
+from starpo_trl.config import RunArguments
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
+from starpo_trl.warm_start import warm_start_from_config
 
 
 def append_report(path: str, result: dict, wall_seconds: float) -> None:
@@ -121,33 +122,6 @@ def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
                 )
 
 
-def run_warm_start(model, tokenizer, run_args: RunArguments, args: StarPOConfig):
-    """SFT on ``warm_start_episodes`` noisy-expert episodes, in the RL phase's own format."""
-    from starpo_trl.warm_start import demonstrations, warm_start
-
-    seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-    demos = demonstrations(
-        args.env_id,
-        args.env_kwargs,
-        seeds,
-        run_args.warm_start_noise,
-        rollout_config(args),
-        run_args.warm_start_actions_per_turn,
-        seed=args.seed,
-    )
-    return warm_start(
-        model,
-        tokenizer,
-        demos,
-        os.path.join(args.output_dir, "warm_start"),
-        epochs=run_args.warm_start_epochs,
-        learning_rate=run_args.warm_start_learning_rate,
-        batch_size=run_args.warm_start_batch_size,
-        seed=args.seed,
-        use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
-    )
-
-
 def write_rank_summary(trainer, output_dir: str, critic_initial: str | None) -> None:
     """``output_dir/rank-N.json``: what this process holds (kept groups per rollout, SHA-256 of its policy
     and critic weights), to check that the processes agree."""
@@ -225,7 +199,7 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
 
         value_model = copy.deepcopy(model)
     if run_args.warm_start_episodes > 0:
-        model = run_warm_start(model, tokenizer, run_args, args)
+        model = warm_start_from_config(model, tokenizer, run_args, args)
     trainer = MultiTurnStarPOTrainer(
         model,
         args,

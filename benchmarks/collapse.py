@@ -52,30 +52,12 @@ def warm_model() -> pathlib.Path:
 
     warm_dir = OUT / "warm"
     if not (warm_dir / "model.safetensors").exists():
-        from starpo_trl.config import rollout_config
         from starpo_trl.models import load_model_and_tokenizer
-        from starpo_trl.warm_start import demonstrations, warm_start
+        from starpo_trl.warm_start import warm_start_from_config
 
         run_args, args, model_args, tiny_args = parse("demo-cpu-frozenlake.yaml", output_dir=str(warm_dir))
         model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
-        seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-        demos = demonstrations(
-            args.env_id,
-            args.env_kwargs,
-            seeds,
-            run_args.warm_start_noise,
-            rollout_config(args),
-            run_args.warm_start_actions_per_turn,
-        )
-        model = warm_start(
-            model,
-            tok,
-            demos,
-            str(warm_dir / "sft"),
-            epochs=run_args.warm_start_epochs,
-            learning_rate=run_args.warm_start_learning_rate,
-            batch_size=run_args.warm_start_batch_size,
-        )
+        model = warm_start_from_config(model, tok, run_args, args, str(warm_dir / "sft"))
         model.save_pretrained(warm_dir)
         tok.save_pretrained(warm_dir)
     return warm_dir

@@ -1,29 +1,27 @@
 """Warm start: supervised fine-tuning on a noisy expert's episodes, in the RL phase's own format.
 
-Each demonstration is a whole episode as chat messages: the same system line, first user message
-and per-turn user messages the episode engine renders, with expert replies
-``<think>The best action is X.</think><answer>X || Y</answer>``. They are tokenized exactly as the
-engine builds an episode (``ChatFormat``: prompt, reply tokens + end-of-turn token, the template's
-tokens for each next user message), and TRL's ``SFTTrainer`` trains on the reply tokens only (an
-``assistant_masks`` column). This needs no ``{% generation %}`` markers in the chat template, so it
-works with any template the engine accepts (SmolLM2's ChatML included).
+The demonstrations are played by the episode engine itself, with ``ExpertBackend`` in place of a
+model: each turn it writes the (noisy) expert's reply ``<think>The best action is X.</think>
+<answer>X || Y</answer>`` for the episode's current env state, and the engine renders the turns,
+steps the envs and builds the tokens exactly as in RL. TRL's ``SFTTrainer`` then trains on the
+reply tokens only (an ``assistant_masks`` column, from the engine's mask). This needs no
+``{% generation %}`` markers in the chat template, so it works with any template the engine
+accepts (SmolLM2's ChatML included).
 """
 
 from __future__ import annotations
 
-import gymnasium as gym
+import copy
+import dataclasses
+import os
+
 import numpy as np
 from datasets import Dataset
 
 from envs.base import noisy_expert_action
-from starpo_trl.models import eos_token_ids
-from starpo_trl.rollout import ChatFormat, RolloutConfig
-from starpo_trl.rollout.prompting import (
-    ACTION_SEPARATOR,
-    SYSTEM_PROMPT,
-    first_user_message,
-    turn_message,
-)
+from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout.env_runner import LocalEnv
+from starpo_trl.rollout.prompting import ACTION_SEPARATOR, SYSTEM_PROMPT
 
 
 def expert_reply(actions: list[str], enable_think: bool) -> str:
@@ -33,81 +31,88 @@ def expert_reply(actions: list[str], enable_think: bool) -> str:
     return f"<think>The best action is {actions[0]}.</think><answer>{answer}</answer>"
 
 
-def demonstration(
-    env_id: str,
-    env_kwargs: dict,
-    seed: int,
-    noise: float,
-    cfg: RolloutConfig,
-    actions_per_turn: int,
-    rng: np.random.Generator,
-    system_prompt: str | None = SYSTEM_PROMPT,
-) -> dict:
-    """One noisy-expert episode as ``{"messages": [...], "reward": float, "success": bool}``."""
-    env = gym.make(env_id, **env_kwargs)
-    obs, _ = env.reset(seed=seed)
-    named = env.unwrapped.action_names is not None
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append(
-        {
-            "role": "user",
-            "content": first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think),
-        }
-    )
-    total, success, left = 0.0, False, cfg.max_actions_per_episode
-    for turn in range(1, cfg.max_turns + 1):
-        actions, reward, done = [], 0.0, False
-        for _ in range(min(actions_per_turn if named else 1, cfg.max_actions_per_turn, left)):
-            action = noisy_expert_action(env, noise, rng)
-            actions.append(action)
-            obs, r, terminated, truncated, info = env.step(action)
-            reward += r
-            left -= 1
-            if terminated or truncated:
-                success, done = bool(info["success"]), True
-                break
-        messages.append({"role": "assistant", "content": expert_reply(actions, cfg.enable_think)})
-        total += reward
-        if done or turn == cfg.max_turns or left <= 0:
-            break
-        messages.append(
-            {"role": "user", "content": turn_message(turn + 1, obs, left if named else None, reward, cfg.enable_think)}
-        )
-    env.close()
-    return {"messages": messages, "reward": total, "success": success}
+class ExpertBackend:
+    """A generation backend that answers as the noisy expert (``envs.base.noisy_expert_action``).
+
+    For each episode it plans up to ``actions_per_turn`` actions (within the turn's and the
+    episode's budgets) on a copy of the env, so the real env is stepped only by the engine, and
+    returns the reply's tokens with the end-of-turn token (logprobs 0)."""
+
+    needs_envs = True
+
+    def __init__(
+        self,
+        tokenizer,
+        turn_end_id: int,
+        noise: float,
+        actions_per_turn: int,
+        cfg: RolloutConfig,
+        rng: np.random.Generator,
+    ):
+        self.tokenizer, self.turn_end_id, self.noise = tokenizer, turn_end_id, noise
+        self.actions_per_turn, self.cfg, self.rng = actions_per_turn, cfg, rng
+
+    def _actions(self, env, actions_left: int) -> list[str]:
+        env = env.env if isinstance(env, LocalEnv) else env  # the Gymnasium env itself (the runner is inline)
+        named = env.unwrapped.action_names is not None
+        n = min(self.actions_per_turn if named else 1, self.cfg.max_actions_per_turn, actions_left)
+        plan = copy.deepcopy(env) if n > 1 else env  # later actions are chosen from the state the first ones lead to
+        actions = []
+        for k in range(n):
+            actions.append(noisy_expert_action(plan, self.noise, self.rng))
+            if k < n - 1:
+                _, _, terminated, truncated, _ = plan.step(actions[-1])
+                if terminated or truncated:
+                    break
+        return actions
+
+    def generate(self, sequences, max_new_tokens, temperature, turns=None):
+        out = []
+        for env, actions_left in turns:
+            text = expert_reply(self._actions(env, actions_left), self.cfg.enable_think)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.turn_end_id]
+            out.append((ids, [0.0] * len(ids)))
+        return out
 
 
 def demonstrations(
-    env_id: str, env_kwargs: dict, seeds, noise: float, cfg: RolloutConfig, actions_per_turn: int = 1, seed: int = 0
+    tokenizer,
+    eos_token_ids: list[int],
+    env_id: str,
+    env_kwargs: dict,
+    seeds,
+    noise: float,
+    cfg: RolloutConfig,
+    actions_per_turn: int = 1,
+    seed: int = 0,
+    system_prompt: str | None = SYSTEM_PROMPT,
 ) -> Dataset:
-    rng = np.random.default_rng(seed)
-    rows = [demonstration(env_id, env_kwargs, s, noise, cfg, actions_per_turn, rng) for s in seeds]
-    return Dataset.from_list(rows)
-
-
-def tokenize_demonstration(messages: list[dict], chat: ChatFormat) -> dict:
-    """``{"input_ids", "assistant_masks"}`` of one demonstration, token for token as the engine builds an episode.
-
-    ``messages`` starts with the first user message (a leading system message must be the one
-    ``chat`` was built with, and is dropped); the mask is 1 on every expert reply token and the
-    end-of-turn token that closes it, 0 on the prompt and the env's messages.
-    """
-    if messages and messages[0]["role"] == "system":
-        if chat.system != messages[:1]:
-            raise ValueError("the demonstration's system message differs from the chat format's system prompt")
-        messages = messages[1:]
-    if not messages or messages[0]["role"] != "user":
-        raise ValueError("a demonstration starts with a user message")
-    ids = chat.prompt_ids(messages[0]["content"])
-    mask = [0] * len(ids)
-    for message in messages[1:]:
-        if message["role"] == "assistant":
-            reply = chat.tokenizer(message["content"], add_special_tokens=False)["input_ids"] + [chat.turn_end_id]
-            ids, mask = ids + reply, mask + [1] * len(reply)
-        else:
-            env = chat.message_ids(message)
-            ids, mask = ids + env, mask + [0] * len(env)
-    return {"input_ids": ids, "assistant_masks": mask}
+    """Noisy-expert episodes from ``seeds``, played by the engine: one row each with ``messages``,
+    ``reward``, ``success``, and the tokens ``input_ids`` / ``assistant_masks`` (1 on the expert's
+    reply tokens and their end-of-turn token) that the warm start trains on."""
+    cfg = dataclasses.replace(cfg, env_runner="inline", env_step_timeout=None)  # the expert plans on the env objects
+    engine = RolloutEngine(tokenizer, None, cfg, eos_token_ids, system_prompt)
+    backend = ExpertBackend(
+        tokenizer, engine.chat.turn_end_id, noise, actions_per_turn, cfg, np.random.default_rng(seed)
+    )
+    kwargs = tuple(sorted(env_kwargs.items()))
+    try:
+        episodes = engine.run([StartState(env_id, int(s), kwargs) for s in seeds], backend=backend)
+    finally:
+        engine.close()
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return Dataset.from_list(
+        [
+            {
+                "messages": system + ep.messages,
+                "reward": ep.reward,
+                "success": ep.success,
+                "input_ids": ep.prompt_ids + ep.completion_ids,
+                "assistant_masks": [0] * len(ep.prompt_ids) + ep.env_mask,
+            }
+            for ep in episodes
+        ]
+    )
 
 
 def warm_start(
@@ -119,14 +124,13 @@ def warm_start(
     learning_rate: float = 1e-3,
     batch_size: int = 16,
     seed: int = 0,
-    system_prompt: str | None = SYSTEM_PROMPT,
     **sft_kwargs,
 ):
-    """SFT ``model`` on ``dataset`` (from `demonstrations`) with TRL's SFTTrainer; returns the model."""
+    """SFT ``model`` on ``dataset`` (from `demonstrations`: its ``input_ids`` and ``assistant_masks``)
+    with TRL's SFTTrainer; returns the model."""
     from trl import SFTConfig, SFTTrainer
 
-    chat = ChatFormat(tokenizer, eos_token_ids(tokenizer, model.generation_config.eos_token_id), system_prompt)
-    tokens = Dataset.from_list([tokenize_demonstration(m, chat) for m in dataset["messages"]])
+    tokens = dataset.select_columns(["input_ids", "assistant_masks"])
     args = SFTConfig(
         output_dir=output_dir,
         num_train_epochs=epochs,
@@ -151,3 +155,35 @@ def _has_bf16() -> bool:
     import torch
 
     return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def warm_start_from_config(model, tokenizer, run_args, args, output_dir: str | None = None):
+    """The warm start a run's settings ask for (``RunArguments.warm_start_*``, the env and episode
+    settings of the ``StarPOConfig``), on the training seeds; SFT output under ``output_dir``
+    (default ``args.output_dir/warm_start``). Returns the model."""
+    from starpo_trl.config import rollout_config
+    from starpo_trl.models import eos_token_ids
+
+    seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
+    demos = demonstrations(
+        tokenizer,
+        eos_token_ids(tokenizer, model.generation_config.eos_token_id),
+        args.env_id,
+        args.env_kwargs,
+        seeds,
+        run_args.warm_start_noise,
+        rollout_config(args),
+        run_args.warm_start_actions_per_turn,
+        seed=args.seed,
+    )
+    return warm_start(
+        model,
+        tokenizer,
+        demos,
+        output_dir or os.path.join(args.output_dir, "warm_start"),
+        epochs=run_args.warm_start_epochs,
+        learning_rate=run_args.warm_start_learning_rate,
+        batch_size=run_args.warm_start_batch_size,
+        seed=args.seed,
+        use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
+    )

@@ -8,60 +8,50 @@ import yaml
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
 from starpo_trl.rollout.prompting import parse_reply
-from starpo_trl.warm_start import demonstration, demonstrations, tokenize_demonstration
+from starpo_trl.warm_start import demonstrations
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_demonstrations_use_the_rl_episode_format(tiny_tokenizer, scripted):
-    import numpy as np
-
-    cfg = RolloutConfig(max_turns=3)
-    demo = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 7, 0.0, cfg, 1, np.random.default_rng(0))
-    assistant = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
-    first_reply = assistant[0]
-    # the engine, fed the same replies, renders exactly the same user messages
-    eng = RolloutEngine(tiny_tokenizer, scripted(lambda call, i: assistant[call]), cfg, [tiny_tokenizer.eos_token_id])
-    ep = eng.run([StartState("starpo/FrozenLake-v0", 7, (("is_slippery", False),))])[0]
-    assert [m for m in demo["messages"] if m["role"] != "system"] == ep.messages
-    assert parse_reply(first_reply).format_ok
-    # the noise-free expert solves it
-    full = demonstration(
+def _demos(tokenizer, seeds, noise, cfg, actions_per_turn=1, seed=0):
+    return demonstrations(
+        tokenizer,
+        [tokenizer.eos_token_id],
         "starpo/FrozenLake-v0",
         {"is_slippery": False},
-        7,
-        0.0,
-        RolloutConfig(max_turns=10, max_actions_per_episode=10),
-        1,
-        np.random.default_rng(0),
+        seeds,
+        noise,
+        cfg,
+        actions_per_turn,
+        seed,
     )
+
+
+def test_demonstrations_are_engine_episodes_with_expert_replies(tiny_tokenizer, scripted):
+    """The engine plays the demonstrations (ExpertBackend in place of a model): the same replies fed
+    to the engine by a scripted backend give the same messages and the same tokens; the mask is 1
+    on exactly the replies and their end-of-turn token."""
+    cfg = RolloutConfig(max_turns=4)
+    (demo,) = _demos(tiny_tokenizer, [3], 0.5, cfg, actions_per_turn=2, seed=1)
+    replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+    assert len(replies) >= 2 and all(parse_reply(r).format_ok for r in replies)
+    assert any("||" in r for r in replies)  # two actions per turn, planned on a copy of the env
+    eng = RolloutEngine(tiny_tokenizer, scripted(lambda call, i: replies[call]), cfg, [tiny_tokenizer.eos_token_id])
+    ep = eng.run([StartState("starpo/FrozenLake-v0", 3, (("is_slippery", False),))])[0]
+    assert [m for m in demo["messages"] if m["role"] != "system"] == ep.messages
+    assert demo["input_ids"] == ep.prompt_ids + ep.completion_ids
+    assert demo["assistant_masks"] == [0] * len(ep.prompt_ids) + ep.env_mask
+    masked = [t for t, m in zip(demo["input_ids"], demo["assistant_masks"]) if m]
+    assert tiny_tokenizer.decode(masked) == "".join(r + tiny_tokenizer.eos_token for r in replies)
+    # the noise-free expert solves it
+    (full,) = _demos(tiny_tokenizer, [7], 0.0, RolloutConfig(max_turns=10, max_actions_per_episode=10))
     assert full["success"]
 
 
-def test_demonstration_tokens_are_the_engine_episode_tokens(tiny_tokenizer, scripted):
-    """The warm start trains on exactly the tokens the engine builds for the same replies: the ids
-    are prompt + completion, the mask is 1 on the replies (with their end-of-turn token) and 0 elsewhere."""
-    import numpy as np
-
-    cfg = RolloutConfig(max_turns=4)
-    demo = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 3, 0.5, cfg, 2, np.random.default_rng(1))
-    replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
-    assert len(replies) >= 2
-    eng = RolloutEngine(tiny_tokenizer, scripted(lambda call, i: replies[call]), cfg, [tiny_tokenizer.eos_token_id])
-    ep = eng.run([StartState("starpo/FrozenLake-v0", 3, (("is_slippery", False),))])[0]
-    tokens = tokenize_demonstration(demo["messages"], eng.chat)
-    assert tokens["input_ids"] == ep.prompt_ids + ep.completion_ids
-    assert tokens["assistant_masks"] == [0] * len(ep.prompt_ids) + ep.env_mask
-    masked = [t for t, m in zip(tokens["input_ids"], tokens["assistant_masks"]) if m]
-    assert tiny_tokenizer.decode(masked) == "".join(r + tiny_tokenizer.eos_token for r in replies)
-    with pytest.raises(ValueError, match="system"):
-        tokenize_demonstration([{"role": "system", "content": "other"}] + demo["messages"][1:], eng.chat)
-
-
-def test_noisy_demonstrations_are_worse_than_clean_ones():
+def test_noisy_demonstrations_are_worse_than_clean_ones(tiny_tokenizer):
     cfg = RolloutConfig(max_turns=5)
-    clean = demonstrations("starpo/FrozenLake-v0", {"is_slippery": False}, range(60), 0.0, cfg, actions_per_turn=2)
-    noisy = demonstrations("starpo/FrozenLake-v0", {"is_slippery": False}, range(60), 0.8, cfg, actions_per_turn=2)
+    clean = _demos(tiny_tokenizer, range(60), 0.0, cfg, actions_per_turn=2)
+    noisy = _demos(tiny_tokenizer, range(60), 0.8, cfg, actions_per_turn=2)
     assert sum(clean["success"]) > sum(noisy["success"]) + 10
 
 

@@ -207,7 +207,9 @@ class RolloutEngine:
                     backend.generate([], max_new_tokens=0, temperature=temperature)
                     continue
                 break
-            texts = self._generate([episodes[i] for i in active], backend, temperature, timings)
+            texts = self._generate(
+                [episodes[i] for i in active], [live[i] for i in active], backend, temperature, timings
+            )
             t0 = time.perf_counter()
             rewards = self.runner.map(
                 lambda job: self._act(episodes[job[0]], live[job[0]], job[1]), list(zip(active, texts))
@@ -238,18 +240,25 @@ class RolloutEngine:
             live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
         return episodes, live
 
-    def _generate(self, active: list[Episode], backend, temperature: float, timings: dict) -> list[str]:
+    def _generate(
+        self, active: list[Episode], states: list[_Live], backend, temperature: float, timings: dict
+    ) -> list[str]:
         """One batched generation call for the active episodes; appends each reply's tokens verbatim
         (mask 1, with their logprobs) and returns the replies as text.
 
         Each episode is limited by its own room only: the batch is generated to the largest limit
         and every reply cut to its episode's, so an episode's tokens do not depend on who shares its
-        batch."""
+        batch. A backend with ``needs_envs = True`` (an expert that answers from the env's state,
+        as the warm start's does) also gets ``turns``: each episode's env and actions left."""
         cfg = self.config
+        extra = {"turns": [(s.env, s.actions_left) for s in states]} if getattr(backend, "needs_envs", False) else {}
         limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(ep.completion_ids)) for ep in active]
         t0 = time.perf_counter()
         outputs = backend.generate(
-            [ep.prompt_ids + ep.completion_ids for ep in active], max_new_tokens=max(limits), temperature=temperature
+            [ep.prompt_ids + ep.completion_ids for ep in active],
+            max_new_tokens=max(limits),
+            temperature=temperature,
+            **extra,
         )
         timings["generate"] += time.perf_counter() - t0
         texts = []

@@ -122,20 +122,21 @@ def test_one_lora_starpo_step_on_bandit_with_the_real_model(smollm2, tmp_path):
 
 def test_warm_start_tokens_on_the_real_template_are_the_engine_tokens(smollm2):
     """SmolLM2's ChatML template has no {% generation %} markers (TRL's assistant-only SFT refuses it):
-    the warm start masks the reply tokens itself, token for token as the engine builds an episode."""
-    import numpy as np
+    the warm start's demonstrations are engine episodes, so their tokens are the engine's, with the
+    replies (and <|im_end|>) masked in."""
     from conftest import ScriptedBackend
 
-    from starpo_trl.warm_start import demonstration, tokenize_demonstration
+    from starpo_trl.warm_start import demonstrations
 
     _, tokenizer, model = smollm2
     cfg = RolloutConfig(max_turns=3)
-    demo = demonstration("starpo/FrozenLake-v0", {"is_slippery": False}, 5, 0.5, cfg, 1, np.random.default_rng(0))
-    replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
     eos = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
+    (demo,) = demonstrations(tokenizer, eos, "starpo/FrozenLake-v0", {"is_slippery": False}, [5], 0.5, cfg, 1, 0)
+    replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
     engine = RolloutEngine(tokenizer, ScriptedBackend(tokenizer, lambda call, i: replies[call], eos[0]), cfg, eos)
     ep = engine.run([StartState("starpo/FrozenLake-v0", 5, (("is_slippery", False),))])[0]
-    tokens = tokenize_demonstration(demo["messages"], engine.chat)
     assert engine.chat.turn_end_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert tokens["input_ids"] == ep.prompt_ids + ep.completion_ids
-    assert tokens["assistant_masks"] == [0] * len(ep.prompt_ids) + ep.env_mask
+    assert demo["input_ids"] == ep.prompt_ids + ep.completion_ids
+    assert demo["assistant_masks"] == [0] * len(ep.prompt_ids) + ep.env_mask
+    masked = [t for t, m in zip(demo["input_ids"], demo["assistant_masks"]) if m]
+    assert tokenizer.decode(masked) == "".join(r + "<|im_end|>" for r in replies)
