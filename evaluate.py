@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-from starpo_trl.config import ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig
+from starpo_trl.config import EPISODE_BUDGETS, ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig
 from starpo_trl.models import eos_token_ids
 from starpo_trl.monitoring.metrics import episode_metrics
 from starpo_trl.rollout import HFBackend, RolloutEngine, StartState
@@ -148,13 +148,7 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
         raise ValueError(f"--num_episodes must be at least 1, got {settings['num_eval_episodes']}")
     if settings["eval_temperature"] < 0:
         raise ValueError(f"--temperature must be >= 0 (0: greedy), got {settings['eval_temperature']}")
-    for name in (
-        "max_turns",
-        "max_actions_per_turn",
-        "max_actions_per_episode",
-        "max_tokens_per_turn",
-        "max_episode_tokens",
-    ):
+    for name in EPISODE_BUDGETS:
         if settings[name] < 1:
             raise ValueError(f"--{name} must be at least 1, got {settings[name]}")
     if a.batch_size < 1:

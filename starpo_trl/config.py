@@ -39,6 +39,14 @@ ROLLOUT_SETTINGS = (
     "think_copy_penalty",
 )
 ROLLOUT_SETTINGS_FILE = "starpo_rollout.json"
+# the episode budgets: each at least 1 (checked here and by evaluate.py)
+EPISODE_BUDGETS = (
+    "max_turns",
+    "max_actions_per_turn",
+    "max_actions_per_episode",
+    "max_tokens_per_turn",
+    "max_episode_tokens",
+)
 LOSS_AGGREGATION = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum": "luspo"}
 
 
@@ -376,14 +384,7 @@ class StarPOConfig(GRPOConfig):
                 f"rollout_filter_ratio={self.rollout_filter_ratio} keeps no group: use a value in (0, 1] "
                 "(0.25 keeps the top quarter of groups; 1.0 disables the filter)."
             )
-        for name in (
-            "max_turns",
-            "max_actions_per_turn",
-            "max_actions_per_episode",
-            "max_tokens_per_turn",
-            "max_episode_tokens",
-            "num_start_states",
-        ):
+        for name in (*EPISODE_BUDGETS, "num_start_states"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_completion_length is None or self.max_completion_length < self.max_episode_tokens:
