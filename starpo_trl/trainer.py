@@ -127,15 +127,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 callbacks=callbacks,
                 peft_config=peft_config,
             )
-        self.adapter_sync = None
-        if args.vllm_lora_sync:
-            if self.is_fsdp_enabled or (
-                self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-            ):
-                raise ValueError(
-                    "vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False."
-                )
-            self.adapter_sync = AdapterSync(self.vllm_generation, self.accelerator.unwrap_model(self.model))
+        self.adapter_sync = self._build_adapter_sync() if args.vllm_lora_sync else None
         self.rollout_config = rollout_config(args)
         self._backend = backend
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
@@ -149,24 +141,38 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self._vllm_backend = None
         self.skip_update, self.empty_steps_in_a_row = False, 0
         self.add_callback(_SkipEmptyUpdate(self))
-        self.guard = None
-        if args.collapse_guard != "off":
-            if (
-                args.collapse_guard in ("stop", "rollback")
-                and self.is_deepspeed_enabled
-                and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-            ):
-                raise ValueError(
-                    "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2."
-                )
-            self.guard = CollapseGuard(
-                args.collapse_guard,
-                rules_from_config(args),
-                args.collapse_guard_snapshot_steps,
-                save_model=self.save_model,
-                critic=self.critic,
+        self.guard = self._build_guard() if args.collapse_guard != "off" else None
+
+    def _build_adapter_sync(self):
+        """Adapter-only LoRA sync to a colocated vLLM engine (refused where the adapter is sharded)."""
+        if self.is_fsdp_enabled or (
+            self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        ):
+            raise ValueError(
+                "vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False."
             )
-            self.add_callback(self.guard)
+        return AdapterSync(self.vllm_generation, self.accelerator.unwrap_model(self.model))
+
+    def _build_guard(self):
+        """The collapse guard callback (stop / rollback refused under ZeRO-3: they copy the weights)."""
+        args = self.args
+        if (
+            args.collapse_guard in ("stop", "rollback")
+            and self.is_deepspeed_enabled
+            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        ):
+            raise ValueError(
+                "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2."
+            )
+        guard = CollapseGuard(
+            args.collapse_guard,
+            rules_from_config(args),
+            args.collapse_guard_snapshot_steps,
+            save_model=self.save_model,
+            critic=self.critic,
+        )
+        self.add_callback(guard)
+        return guard
 
     # -- rollouts ------------------------------------------------------------------------------------
     def play(self, starts: list[StartState], temperature: float) -> Rollout:
