@@ -193,3 +193,11 @@ def test_report_path_may_not_be_the_runs_own_report(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="another file"):
         train.main(*parsed)
+
+
+def test_the_expert_keeps_to_the_action_budgets(tiny_tokenizer):
+    """Two actions per turn, but only three in the episode: the second turn's reply names one."""
+    cfg = RolloutConfig(max_turns=4, max_actions_per_turn=5, max_actions_per_episode=3)
+    (demo,) = _demos(tiny_tokenizer, [11], 0.0, cfg, actions_per_turn=2)
+    answers = [parse_reply(m["content"]).actions for m in demo["messages"] if m["role"] == "assistant"]
+    assert answers == [["Right", "Right"], ["Down"]] and not demo["success"]  # the clean expert's path on lake 11
