@@ -1,4 +1,4 @@
-"""Run by tests/test_critic.py under torchrun (2 processes, gloo): the sharded critic optimizer.
+"""Run by tests/algorithms/test_critic.py under torchrun (2 processes, gloo): the sharded critic optimizer.
 
 Each process holds a critic with a ZeRO-1 sharded AdamW and one with a plain AdamW, both from the
 same policy, and steps both on its own micro-batch with gradients averaged across processes. The

@@ -1,4 +1,4 @@
-"""Run by tests/test_critic.py under torchrun (2 CPU processes, gloo): the full critic sharded by
+"""Run by tests/algorithms/test_critic.py under torchrun (2 CPU processes, gloo): the full critic sharded by
 DeepSpeed (argv[2] = ``zero2``, ``zero3``, ``zero3_offload``) or by Accelerate's FSDP2 (``fsdp``).
 
 Each process holds a sharded critic and a plain one (no sharding, gradients averaged by hand),
