@@ -30,8 +30,9 @@ from starpo_trl.algorithms import (
     turn_end_mask,
     whiten,
 )
-from starpo_trl.algorithms.critic import build_critic, explained_variance
+from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
+from starpo_trl.algorithms.value_model import explained_variance
 from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
 from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
 from starpo_trl.monitoring.metrics import (
@@ -344,32 +345,27 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self._metrics[mode][key].append(value)
         return advantages
 
-    # -- the critic learns on the whole rollout batch, PPO-style -------------------------------------------
     def _train_critic(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask):
-        """``critic_epochs`` passes over this process's rows, each in a new random order, split into the
-        same number of micro-batches as the policy's (``steps_per_generation``). Runs once per rollout
-        batch, before the policy's update; the advantages already hold the values from before it."""
+        """Once per rollout batch, before the policy's update (the advantages already hold the values from
+        before it): ``critic_epochs`` passes over this process's rows in ``steps_per_generation`` micro-batches,
+        in an order that is the same on every process and new every step."""
         args: StarPOConfig = self.args
-        n = len(input_ids)
-        if n == 0:
-            return
-        chunks = min(args.steps_per_generation, n)
-        # the same order on every process (each has the same number of rows), a new one every step and epoch
         generator = torch.Generator().manual_seed(args.seed * 1_000_003 + self.state.global_step)
-        for _ in range(args.critic_epochs):
-            for rows in torch.randperm(n, generator=generator).to(input_ids.device).chunk(chunks):
-                stats = self.critic.update(
-                    input_ids[rows],
-                    attention_mask[rows],
-                    logits_to_keep,
-                    old_values[rows],
-                    returns[rows],
-                    mask[rows],
-                    args.max_grad_norm,
-                    reduce=self._reduce_grads,
-                )
-                for key, value in stats.items():  # averaged by the logger
-                    self._metrics["train"][f"critic/{key}"].append(value)
+        for stats in self.critic.fit(
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            old_values,
+            returns,
+            mask,
+            args.critic_epochs,
+            args.steps_per_generation,
+            generator,
+            args.max_grad_norm,
+            reduce=self._reduce_grads,
+        ):
+            for key, value in stats.items():  # averaged by the logger
+                self._metrics["train"][f"critic/{key}"].append(value)
 
     def _check_empty_step(self, empty: bool) -> None:
         """A step with no model token to train on is skipped (the optimizer does not step, see

@@ -1,71 +1,37 @@
-"""The value model for the PPO / GAE path: a full copy of the policy, or a LoRA value adapter.
+"""The critic for the PPO / GAE path: a ``ValueModel`` held the way the policy is held, with its own
+AdamW optimizer, learning rate and value clipping. One holder per way, each with the same four
+methods (``values``, ``step``, ``save``, ``load``); ``build_critic`` picks it from the run:
 
-``Critic`` predicts, for every completion position ``t``, the value of the state before token ``t``
-(the decoder's hidden state at position ``t - 1`` through a linear value head). It has its own
-AdamW optimizer, learning rate and value clipping, and is initialised from the policy's weights:
+- ``ReplicatedCritic``: one process, or several under DDP. With several processes the gradients are
+  averaged across them and the AdamW state is sharded (ZeRO stage 1, torch's
+  ``ZeroRedundancyOptimizer``): each process keeps the moments of its share of the parameters,
+  steps that share and broadcasts it, so every process ends each step with the same weights (all
+  start from process 0's). ``save`` gathers the shards into one optimizer file.
+- ``DeepSpeedCritic`` (policy under DeepSpeed, full critic): its own DeepSpeed engine with the
+  policy's ZeRO stage, offload and precision (ZeRO-2: gradients and optimizer state sharded; ZeRO-3:
+  weights too), one optimizer step per micro-batch. ``save`` writes the gathered weights plus
+  DeepSpeed's sharded checkpoint (``engine/``), which ``load`` restores on the same number of processes.
+- ``FSDPCritic`` (policy under FSDP2, full critic): Accelerate shards it exactly as it shards the
+  policy (``fsdp2_prepare_model``: same wrap policy, offload and mixed precision); weights,
+  gradients and AdamW state sharded, gradients averaged by FSDP. ``save`` gathers weights and
+  optimizer state into the same files as a ``ReplicatedCritic``, so either resumes the other.
 
-- ``critic_type="full"``: a deep copy of the policy's decoder (no LM head) plus a value head; or of
-  another model's decoder (``init_from``: e.g. the policy before a warm start, or a reward model).
-- ``critic_type="lora"`` (policy trained with PEFT): a second LoRA adapter named ``critic`` on the
-  policy's own frozen base, plus a value head. The base weights are shared, so a single-GPU LoRA
-  run pays only for the adapter, the head and their optimizer state.
-
-With several processes the critic's gradients are averaged across them and its AdamW state is
-sharded (ZeRO stage 1, torch's ``ZeroRedundancyOptimizer``): each process keeps the moments of its
-share of the parameters, steps that share and broadcasts it, so every process ends each step with
-the same critic weights (all start from process 0's). ``save`` gathers the shards into one
-optimizer file.
-
-Under DeepSpeed (``deepspeed_config``, full critic) the critic is sharded like the policy: it gets
-its own DeepSpeed engine with the policy's ZeRO stage, offload and precision (ZeRO-2: gradients and
-optimizer state sharded; ZeRO-3: weights too), its own AdamW and learning rate, and one optimizer
-step per micro-batch. ``save`` then writes the gathered weights plus DeepSpeed's sharded checkpoint
-(``engine/``), which ``load`` restores on the same number of processes.
-
-Under FSDP2 (``fsdp_accelerator``, full critic) Accelerate shards the critic exactly as it shards
-the policy (``fsdp2_prepare_model``: same wrap policy, offload and mixed precision); weights,
-gradients and AdamW state are sharded, gradients averaged by FSDP. ``save`` gathers weights and
-optimizer state into the same files as an unsharded critic, so either resumes the other.
+Checkpoint files (``save(directory)``): ``critic.safetensors`` (whole weights, in
+``trainable_parameters()`` order) and ``critic_optimizer.pt`` (whole AdamW state), or ``engine/``.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
 
-CRITIC_ADAPTER = "critic"
-
+from starpo_trl.algorithms.value_model import ValueModel, is_partitioned, value_loss
 
 ENGINE_TAG = "engine"  # DeepSpeed checkpoint folder inside the critic's directory
-
-
-def _decoder(model):
-    """The transformer body of a causal LM (``model.model`` for Qwen/Llama), without its LM head."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(model, model.base_model_prefix)
-
-
-def _is_partitioned(params) -> bool:
-    """True for DeepSpeed ZeRO-3 parameters (each process holds only a shard)."""
-    return any(hasattr(p, "ds_id") for p in params)
-
-
-def _copy_decoder(decoder) -> nn.Module:
-    """A full, independent copy of ``decoder``; one that ZeRO-3 partitioned (loaded under
-    ``zero3_init_flag``) is gathered first and rebuilt from its config and weights."""
-    if not _is_partitioned(decoder.parameters()):
-        return copy.deepcopy(decoder)
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(list(decoder.parameters()), modifier_rank=None):
-        state = {k: v.detach().clone() for k, v in decoder.state_dict().items()}
-    copied = type(decoder)(decoder.config)
-    copied.load_state_dict(state)
-    return copied.to(next(iter(state.values())).dtype)
+WEIGHTS = "critic.safetensors"
+OPTIMIZER = "critic_optimizer.pt"
 
 
 def deepspeed_critic_config(
@@ -91,169 +57,65 @@ def deepspeed_critic_config(
     }
 
 
-class Critic(nn.Module):
-    def __init__(
-        self,
-        policy,
-        critic_type: str = "full",
-        learning_rate: float = 1e-5,
-        value_clip: float | None = 0.5,
-        weight_decay: float = 0.01,
-        shard_optimizer: bool | None = None,
-        init_from=None,
-        deepspeed_config: dict | None = None,
-        fsdp_accelerator=None,
-    ):
-        super().__init__()
-        if critic_type not in ("full", "lora"):
-            raise ValueError(f"critic_type must be 'full' or 'lora', got {critic_type!r}")
-        self.critic_type = critic_type
+class HeldCritic:
+    """What every holder shares: chunked ``values``, a plain-torch ``step``, whole-weight ``save``/``load``.
+    Subclasses say how the optimizer state is gathered and restored."""
+
+    saved_by_engine = False  # whether ``save`` writes a DeepSpeed ``engine/`` checkpoint
+
+    def __init__(self, model: ValueModel, optimizer, value_clip: float | None):
+        self.model = model
+        self.optimizer = optimizer
         self.value_clip = value_clip
-        if init_from is not None and critic_type != "full":
-            raise ValueError(
-                "A separate value model (value_model) needs critic_type='full': the LoRA critic shares the policy's base."
-            )
-        source = policy if init_from is None else init_from  # any causal LM with the policy's tokenizer
-        hidden = source.config.get_text_config().hidden_size
-        if (deepspeed_config is not None or fsdp_accelerator is not None) and critic_type != "full":
-            raise ValueError(
-                "A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy."
-            )
-        if critic_type == "full":
-            self.backbone = _copy_decoder(_decoder(source))
-            self.backbone.requires_grad_(True)
-            self.policy = None
-        else:
-            if not hasattr(policy, "peft_config"):
-                raise ValueError(
-                    "critic_type='lora' needs a PEFT policy: train with a peft_config (use_peft=True), or use critic_type='full'."
-                )
-            policy.add_adapter(CRITIC_ADAPTER, copy.deepcopy(policy.peft_config["default"]))
-            policy.set_adapter("default")
-            self.backbone = None
-            self.policy = [policy]  # a list keeps the policy out of this module's parameters
-        ref = next(policy.parameters())
-        if self.backbone is not None:
-            self.backbone.to(ref.device)
-        self.head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-        self._engine = ()  # a tuple keeps the engine (which holds this module) out of its submodules
-        self.fsdp = fsdp_accelerator is not None
-        self.sharded = False  # ZeRO-1 optimizer (DDP)
-        if self.fsdp:
-            self.optimizer = self._shard_with_fsdp(fsdp_accelerator, source, learning_rate, weight_decay)
-        elif deepspeed_config is not None:
-            self.optimizer = self._shard_with_deepspeed(deepspeed_config, learning_rate, weight_decay)
-        else:
-            self.optimizer = self._replicated_optimizer(shard_optimizer, learning_rate, weight_decay)
-
-    def _shard_with_fsdp(self, accelerator, source, learning_rate, weight_decay):
-        """Accelerate shards this module as it shards the policy; AdamW then runs over the shards."""
-        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-
-        if accelerator.state.fsdp_plugin.fsdp_version != 2:
-            raise ValueError("The critic is sharded with FSDP2 only: set fsdp_version: 2 in the accelerate config.")
-        self._no_split_modules = list(getattr(source, "_no_split_modules", None) or [])  # the layers to wrap
-        fsdp2_prepare_model(accelerator, self)  # in place; process 0's weights everywhere
-        return torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
-
-    def _shard_with_deepspeed(self, config, learning_rate, weight_decay):
-        """A DeepSpeed engine of its own; ``deepspeed.initialize`` broadcasts process 0's weights, then shards."""
-        import deepspeed
-
-        optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
-        engine, optimizer, _, _ = deepspeed.initialize(model=self, optimizer=optimizer, config=config)
-        self._engine = (engine,)
-        return optimizer
-
-    def _replicated_optimizer(self, shard_optimizer, learning_rate, weight_decay):
-        """Weights on every process; AdamW state sharded (ZeRO-1) when several processes train together."""
-        if shard_optimizer is None:
-            shard_optimizer = (
-                torch.distributed.is_available()
-                and torch.distributed.is_initialized()
-                and torch.distributed.get_world_size() > 1
-            )
-        if not shard_optimizer:
-            return torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        self.sharded = True
-        # every process starts from process 0's critic (a LoRA adapter's random init differs per process)
-        with torch.no_grad():
-            for p in self.trainable_parameters():
-                torch.distributed.broadcast(p.data, src=0)
-        return ZeroRedundancyOptimizer(
-            self.trainable_parameters(), optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay
-        )
-
-    @property
-    def engine(self):
-        """The critic's DeepSpeed engine, or None."""
-        return self._engine[0] if self._engine else None
-
-    def full_parameters(self) -> list[torch.Tensor]:
-        """Whole copies of ``trainable_parameters()``, also when ZeRO-3 or FSDP shard them (collective then)."""
-        with self.gathered():
-            return [
-                p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-                for p in self.trainable_parameters()
-            ]
-
-    def gathered(self):
-        """Inside, ``trainable_parameters()`` hold their full values under ZeRO-3 (read-only)."""
-        params = self.trainable_parameters()
-        if not _is_partitioned(params):
-            return nullcontext()
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        params = list(self.head.parameters())
-        if self.backbone is not None:
-            return list(self.backbone.parameters()) + params
-        policy = self.policy[0]
-        return [p for n, p in policy.named_parameters() if f".{CRITIC_ADAPTER}." in n] + params
+        return self.model.trainable_parameters()
 
-    @contextmanager
-    def active(self):
-        """For the LoRA critic: the ``critic`` adapter is active (and trainable) inside, ``default`` after."""
-        if self.policy is None:
-            yield
-            return
-        policy = self.policy[0]
-        policy.set_adapter(CRITIC_ADAPTER)
-        try:
-            yield
-        finally:
-            policy.set_adapter("default")
-
-    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        """Values at the completion positions. (B, L) -> (B, logits_to_keep), float32. Call inside ``active()``."""
-        decoder = self.backbone if self.backbone is not None else _decoder(self.policy[0])
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[
-            :, -logits_to_keep - 1 : -1
+    def full_parameters(self) -> list[torch.Tensor]:
+        """Whole copies of ``trainable_parameters()``, also where they are sharded (collective then)."""
+        return [
+            p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in self.trainable_parameters()
         ]
-        # float32 head (DeepSpeed casts it to the run's precision: the values are returned as float32)
-        return self.head(hidden.to(self.head.weight.dtype)).float().squeeze(-1)
 
     def _forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        model = self.engine if self.engine is not None else self
-        return model(input_ids, attention_mask, logits_to_keep)
+        return self.model(input_ids, attention_mask, logits_to_keep)
 
     @torch.no_grad()
     def values(self, input_ids, attention_mask, logits_to_keep: int, batch_size: int) -> torch.Tensor:
-        """Every process must call this with the same number of rows under ZeRO-3 (collective gathers)."""
-        with self.active():
+        """Values (B, logits_to_keep) in chunks of ``batch_size`` rows. Every process must call this with
+        the same number of rows where the weights are sharded (collective gathers)."""
+        with self.model.active():
             chunks = [
                 self._forward(input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep)
                 for i in range(0, len(input_ids), batch_size)
             ]
         return torch.cat(chunks)
 
-    def update(
+    def step(
+        self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm=1.0, reduce=None
+    ) -> dict:
+        """One clipped value-regression step on a micro-batch; returns the value loss, clip fraction and
+        gradient norm. ``reduce(params)``, if given, averages gradients across processes before clipping
+        (holders whose gradients are averaged already ignore it)."""
+        with self.model.active():
+            values = self.model(input_ids, attention_mask, logits_to_keep)
+            loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self._reduce(reduce)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every process's shard
+                grad_norm = grad_norm.full_tensor()
+            self.optimizer.step()
+            # the LoRA critic's parameters live in the policy: leave no gradient for its clipping to see
+            self.optimizer.zero_grad(set_to_none=True)
+        return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": float(grad_norm)}
+
+    def _reduce(self, reduce) -> None:
+        if reduce is not None:
+            reduce(self.trainable_parameters())
+
+    def fit(
         self,
         input_ids,
         attention_mask,
@@ -261,82 +123,124 @@ class Critic(nn.Module):
         old_values,
         returns,
         mask,
+        epochs: int,
+        micro_batches: int,
+        generator: torch.Generator,
         max_grad_norm: float = 1.0,
         reduce=None,
-    ) -> dict:
-        """One clipped value-regression step on a micro-batch; returns the value loss and clip fraction.
-
-        ``reduce(params)``, if given, averages gradients across processes before clipping (FSDP and a
-        DeepSpeed engine average them themselves; the engine clips at its ``gradient_clipping``).
-        """
-        if self.engine is not None:
-            values = self.engine(input_ids, attention_mask, logits_to_keep)
-            loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
-            self.engine.backward(loss)
-            self.engine.step()
-            grad_norm = self.engine.get_global_grad_norm()
-            grad_norm = float("nan") if grad_norm is None else float(grad_norm)
-            return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": grad_norm}
-        with self.active():
-            values = self(input_ids, attention_mask, logits_to_keep)
-            loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if reduce is not None and not self.fsdp:  # FSDP has averaged them already
-                reduce(self.trainable_parameters())
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP: the norm over every process's shard
-                grad_norm = grad_norm.full_tensor()
-            self.optimizer.step()
-            # the LoRA critic's parameters live in the policy: leave no gradient for its clipping to see
-            self.optimizer.zero_grad(set_to_none=True)
-        return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": float(grad_norm)}
+    ) -> list[dict]:
+        """Learn on a rollout batch, PPO-style: ``epochs`` passes over its rows, each in a new random order
+        drawn from ``generator``, split into ``micro_batches`` micro-batches (fewer if there are fewer
+        rows), one ``step`` each. Returns every step's statistics. Every process must draw the same
+        order (same generator state) and hold the same number of rows."""
+        n = len(input_ids)
+        stats = []
+        for _ in range(epochs if n else 0):
+            for rows in torch.randperm(n, generator=generator).to(input_ids.device).chunk(min(micro_batches, n)):
+                stats.append(
+                    self.step(
+                        input_ids[rows],
+                        attention_mask[rows],
+                        logits_to_keep,
+                        old_values[rows],
+                        returns[rows],
+                        mask[rows],
+                        max_grad_norm,
+                        reduce=reduce,
+                    )
+                )
+        return stats
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def save(self, directory: str, write: bool = True) -> None:
-        """Weights as safetensors (``critic.safetensors``), optimizer state beside them, as Trainer does.
-
-        With a sharded optimizer or a DeepSpeed engine every process must call this (gathering is
-        collective); only those with ``write=True`` write the weights. Under DeepSpeed the optimizer
-        state is DeepSpeed's sharded checkpoint in ``engine/`` (each process writes its shard)."""
+        """Whole weights (``critic.safetensors``) and optimizer state beside them, as Trainer does. Every
+        process must call this where anything is sharded (gathering is collective); only those with
+        ``write=True`` write."""
         from safetensors.torch import save_file
 
-        if self.engine is not None:
-            optimizer_state = None
-        elif self.fsdp:
-            optimizer_state = self._fsdp_optimizer_state()
-        else:
-            optimizer_state = self._gathered_optimizer_state(write) if self.sharded else self.optimizer.state_dict()
+        optimizer_state = self._optimizer_state(write)
         tensors = {f"{i:05d}": p.detach().cpu().contiguous() for i, p in enumerate(self.full_parameters())}
         if write:
             os.makedirs(directory, exist_ok=True)
-            save_file(tensors, os.path.join(directory, "critic.safetensors"))
-        if self.engine is not None:
-            self.engine.save_checkpoint(directory, tag=ENGINE_TAG)
-        elif write:
-            torch.save(optimizer_state, os.path.join(directory, "critic_optimizer.pt"))  # whole, also when sharded
+            save_file(tensors, os.path.join(directory, WEIGHTS))
+        self._write_optimizer(directory, optimizer_state, write)
 
-    def _parameter_names(self) -> list[str]:
-        names = {id(p): n for n, p in self.named_parameters()}
-        return [names[id(p)] for p in self.trainable_parameters()]
+    def _optimizer_state(self, write: bool) -> dict | None:
+        return self.optimizer.state_dict()
 
-    def _fsdp_optimizer_state(self) -> dict:
-        """FSDP: the whole AdamW state on every process, in an unsharded optimizer's layout (indices, not names)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-        )
+    def _write_optimizer(self, directory: str, state: dict | None, write: bool) -> None:
+        if write:
+            torch.save(state, os.path.join(directory, OPTIMIZER))  # whole, also when sharded
 
-        full = get_optimizer_state_dict(self, self.optimizer, options=StateDictOptions(full_state_dict=True))
-        index = {name: i for i, name in enumerate(self._parameter_names())}
-        state = {
-            index[n]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for n, s in full["state"].items()
-        }
-        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]
-        return {"state": state, "param_groups": groups}
+    def load(self, directory: str) -> None:
+        """Restore weights and optimizer state written by ``save`` (a DeepSpeed checkpoint only into a
+        ``DeepSpeedCritic`` on the same number of processes)."""
+        saved_by_engine = os.path.isdir(os.path.join(directory, ENGINE_TAG))
+        if saved_by_engine != self.saved_by_engine:
+            raise ValueError(
+                f"{directory} was saved {'under' if saved_by_engine else 'without'} DeepSpeed and this critic runs "
+                f"{'without' if saved_by_engine else 'under'} it: resume with the same launcher config as the run that saved it."
+            )
+        self._load(directory)
 
-    def _gathered_optimizer_state(self, write: bool) -> dict | None:
+    def _saved(self, directory: str) -> tuple[list[torch.Tensor], dict]:
+        """The whole weights (in ``trainable_parameters()`` order) and optimizer state in ``directory``."""
+        from safetensors.torch import load_file
+
+        tensors = load_file(os.path.join(directory, WEIGHTS))
+        n = len(self.trainable_parameters())
+        if len(tensors) != n:
+            raise ValueError(
+                f"{directory} holds {len(tensors)} critic tensors, this critic has {n}: was it saved with another critic_type?"
+            )
+        optimizer_state = torch.load(os.path.join(directory, OPTIMIZER), map_location="cpu", weights_only=True)
+        return [tensors[f"{i:05d}"] for i in range(n)], optimizer_state
+
+    def _load(self, directory: str) -> None:
+        tensors, optimizer_state = self._saved(directory)
+        with torch.no_grad():
+            for p, t in zip(self.trainable_parameters(), tensors):
+                p.copy_(t.to(p.device, p.dtype))
+        self.optimizer.load_state_dict(optimizer_state)
+
+
+class ReplicatedCritic(HeldCritic):
+    """Weights on every process; AdamW state sharded (ZeRO-1) when several processes train together."""
+
+    def __init__(
+        self,
+        model: ValueModel,
+        learning_rate: float = 1e-5,
+        weight_decay: float = 0.01,
+        value_clip: float | None = 0.5,
+        shard_optimizer: bool | None = None,
+    ):
+        if shard_optimizer is None:
+            shard_optimizer = (
+                torch.distributed.is_available()
+                and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1
+            )
+        self.sharded = shard_optimizer
+        params = model.trainable_parameters()
+        if not shard_optimizer:
+            optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            # every process starts from process 0's critic (a LoRA adapter's random init differs per process)
+            with torch.no_grad():
+                for p in params:
+                    torch.distributed.broadcast(p.data, src=0)
+            optimizer = ZeroRedundancyOptimizer(
+                params, optimizer_class=torch.optim.AdamW, lr=learning_rate, weight_decay=weight_decay
+            )
+        super().__init__(model, optimizer, value_clip)
+
+    def _optimizer_state(self, write: bool) -> dict | None:
         """The whole optimizer state on every process that writes (one per node with save_on_each_node)."""
+        if not self.sharded:
+            return self.optimizer.state_dict()
         import torch.distributed as dist
 
         flags = [None] * dist.get_world_size()
@@ -349,82 +253,149 @@ class Critic(nn.Module):
                     state = self.optimizer.state_dict()
         return state
 
-    def load(self, directory: str) -> None:
-        """Restore weights and optimizer state saved by ``save`` (under DeepSpeed: on every process,
-        from a checkpoint written under DeepSpeed with the same number of processes)."""
-        from safetensors.torch import load_file
 
-        saved_by_engine = os.path.isdir(os.path.join(directory, ENGINE_TAG))
-        if self.engine is not None or saved_by_engine:
-            if self.engine is None or not saved_by_engine:
-                raise ValueError(
-                    f"{directory} was saved {'under' if saved_by_engine else 'without'} DeepSpeed and this critic runs "
-                    f"{'without' if saved_by_engine else 'under'} it: resume with the same launcher config as the run that saved it."
-                )
-            self.engine.load_checkpoint(directory, tag=ENGINE_TAG, load_lr_scheduler_states=False)
-            return
+class DeepSpeedCritic(HeldCritic):
+    """A DeepSpeed engine of its own; ``deepspeed.initialize`` broadcasts process 0's weights, then shards."""
 
-        tensors = load_file(os.path.join(directory, "critic.safetensors"))
-        params = self.trainable_parameters()
-        if len(tensors) != len(params):
+    saved_by_engine = True
+
+    def __init__(
+        self,
+        model: ValueModel,
+        config: dict,
+        learning_rate: float = 1e-5,
+        weight_decay: float = 0.01,
+        value_clip: float | None = 0.5,
+    ):
+        import deepspeed
+
+        if model.critic_type != "full":
             raise ValueError(
-                f"{directory} holds {len(tensors)} critic tensors, this critic has {len(params)}: was it saved with another critic_type?"
+                "A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy."
             )
-        optimizer_state = torch.load(
-            os.path.join(directory, "critic_optimizer.pt"), map_location="cpu", weights_only=True
+        optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+        self.engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        super().__init__(model, optimizer, value_clip)
+
+    def full_parameters(self) -> list[torch.Tensor]:
+        params = self.trainable_parameters()
+        if not is_partitioned(params):  # ZeRO-2: whole on every process
+            return super().full_parameters()
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return [p.detach().clone() for p in params]
+
+    def _forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
+        return self.engine(input_ids, attention_mask, logits_to_keep)
+
+    def step(
+        self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask, max_grad_norm=1.0, reduce=None
+    ) -> dict:
+        """The engine averages gradients and clips them at its ``gradient_clipping`` (``max_grad_norm`` and
+        ``reduce`` are the config's business here)."""
+        values = self.engine(input_ids, attention_mask, logits_to_keep)
+        loss, clipfrac = value_loss(values, old_values, returns, mask, self.value_clip)
+        self.engine.backward(loss)
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+        return {"value_loss": loss.item(), "value_clipfrac": clipfrac.item(), "value_grad_norm": grad_norm}
+
+    def _optimizer_state(self, write: bool) -> None:
+        return None  # each process writes its own shard
+
+    def _write_optimizer(self, directory: str, state: None, write: bool) -> None:
+        self.engine.save_checkpoint(directory, tag=ENGINE_TAG)
+
+    def _load(self, directory: str) -> None:
+        self.engine.load_checkpoint(directory, tag=ENGINE_TAG, load_lr_scheduler_states=False)
+
+
+class FSDPCritic(HeldCritic):
+    """Accelerate shards the value model as it shards the policy; AdamW then runs over the shards."""
+
+    def __init__(
+        self,
+        model: ValueModel,
+        accelerator,
+        learning_rate: float = 1e-5,
+        weight_decay: float = 0.01,
+        value_clip: float | None = 0.5,
+    ):
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        if model.critic_type != "full":
+            raise ValueError(
+                "A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy."
+            )
+        if accelerator.state.fsdp_plugin.fsdp_version != 2:
+            raise ValueError("The critic is sharded with FSDP2 only: set fsdp_version: 2 in the accelerate config.")
+        model._no_split_modules = model.layer_classes  # the layers Accelerate's wrap policy wraps one by one
+        fsdp2_prepare_model(accelerator, model)  # in place; process 0's weights everywhere
+        optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+        super().__init__(model, optimizer, value_clip)
+
+    def _reduce(self, reduce) -> None:
+        pass  # FSDP has averaged the gradients already
+
+    def _optimizer_state(self, write: bool) -> dict:
+        """The whole AdamW state on every process, in a ``ReplicatedCritic``'s layout (indices, not names)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        index = {name: i for i, name in enumerate(self.model.parameter_names())}
+        state = {
+            index[n]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for n, s in full["state"].items()
+        }
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]
+        return {"state": state, "param_groups": groups}
+
+    def _load(self, directory: str) -> None:
+        """Whole tensors in, each process keeps its shard."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
         )
-        if self.fsdp:  # whole tensors in, each process keeps its shard
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_model_state_dict,
-                set_optimizer_state_dict,
-            )
 
-            names = self._parameter_names()
-            options = StateDictOptions(full_state_dict=True, strict=False)
-            set_model_state_dict(self, {n: tensors[f"{i:05d}"] for i, n in enumerate(names)}, options=options)
-            optimizer_state = {
-                "state": {names[i]: s for i, s in optimizer_state["state"].items()},
-                "param_groups": [
-                    {**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]
-                ],
-            }
-            set_optimizer_state_dict(self, self.optimizer, optimizer_state, options=options)
-            return
-        with torch.no_grad():
-            for i, p in enumerate(params):
-                p.copy_(tensors[f"{i:05d}"].to(p.device, p.dtype))
-        self.optimizer.load_state_dict(optimizer_state)
+        tensors, optimizer_state = self._saved(directory)
+        names = self.model.parameter_names()
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(self.model, dict(zip(names, tensors)), options=options)
+        optimizer_state = {
+            "state": {names[i]: s for i, s in optimizer_state["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(self.model, self.optimizer, optimizer_state, options=options)
 
 
-def value_loss(values, old_values, returns, mask, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped value loss over model tokens: ``0.5 * mean(max((v - R)^2, (v_clipped - R)^2))``
-    with ``v_clipped = clamp(v, v_old - clip, v_old + clip)``; and the share of tokens where the
-    clipped term was larger. Inside the range ``v_clipped`` is ``v`` itself (``v_old + (v - v_old)``
-    can round away from ``v`` and count an unclipped token as clipped). All (B, T); returns two scalars."""
-    m = mask.float()
-    n = m.sum().clamp(min=1.0)
-    loss_unclipped = (values - returns) ** 2
-    if clip is None:
-        return 0.5 * (loss_unclipped * m).sum() / n, torch.zeros((), device=values.device)
-    clipped = torch.clamp(values, old_values - clip, old_values + clip)
-    loss_clipped = (clipped - returns) ** 2
-    losses = torch.max(loss_unclipped, loss_clipped)
-    clipfrac = ((loss_clipped > loss_unclipped).float() * m).sum() / n
-    return 0.5 * (losses * m).sum() / n, clipfrac
+def make_critic(
+    policy,
+    critic_type: str = "full",
+    learning_rate: float = 1e-5,
+    value_clip: float | None = 0.5,
+    weight_decay: float = 0.01,
+    shard_optimizer: bool | None = None,
+    init_from=None,
+    deepspeed_config: dict | None = None,
+    fsdp_accelerator=None,
+) -> HeldCritic:
+    """A ``ValueModel`` from ``policy`` (or ``init_from``) in its holder: a ``DeepSpeedCritic`` with
+    ``deepspeed_config``, an ``FSDPCritic`` with ``fsdp_accelerator``, else a ``ReplicatedCritic``."""
+    if (deepspeed_config is not None or fsdp_accelerator is not None) and critic_type != "full":
+        raise ValueError("A sharded critic needs critic_type='full': the LoRA critic's adapter lives in the policy.")
+    model = ValueModel(policy, critic_type, init_from)
+    if fsdp_accelerator is not None:
+        return FSDPCritic(model, fsdp_accelerator, learning_rate, weight_decay, value_clip)
+    if deepspeed_config is not None:
+        return DeepSpeedCritic(model, deepspeed_config, learning_rate, weight_decay, value_clip)
+    return ReplicatedCritic(model, learning_rate, weight_decay, value_clip, shard_optimizer)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns), over model tokens only."""
-    m = mask.bool()
-    v, r = values[m].float(), returns[m].float()
-    if r.numel() < 2:
-        return float("nan")
-    var = r.var()
-    return float("nan") if var == 0 else float(1 - (r - v).var() / var)
-
-
-def build_critic(policy, args, accelerator, value_model=None) -> Critic | None:
+def build_critic(policy, args, accelerator, value_model=None) -> HeldCritic | None:
     """The critic ``args.advantage_estimator`` needs (None for one that needs none), held as the
     policy is: its own DeepSpeed engine with the policy's ZeRO stage, sharded by Accelerate's FSDP2,
     or replicated. Refuses, before anything is built, the combinations that cannot work.
@@ -470,7 +441,7 @@ def build_critic(policy, args, accelerator, value_model=None) -> Critic | None:
         value_model = AutoModelForCausalLM.from_pretrained(
             value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code
         )
-    return Critic(
+    return make_critic(
         policy,
         args.critic_type,
         args.critic_learning_rate,

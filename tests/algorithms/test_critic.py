@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.algorithms.critic import CRITIC_ADAPTER, Critic, explained_variance, value_loss
+from starpo_trl.algorithms.critic import make_critic
+from starpo_trl.algorithms.value_model import CRITIC_ADAPTER, explained_variance, value_loss
 
 
 @pytest.fixture
@@ -59,17 +60,17 @@ def test_explained_variance_over_model_tokens_only():
 
 
 def test_full_critic_starts_from_policy_weights_and_learns(policy):
-    critic = Critic(policy, "full", learning_rate=1e-2, value_clip=None)
-    for (n, p), (_, q) in zip(critic.backbone.named_parameters(), policy.model.named_parameters()):
+    critic = make_critic(policy, "full", learning_rate=1e-2, value_clip=None)
+    for (n, p), (_, q) in zip(critic.model.backbone.named_parameters(), policy.model.named_parameters()):
         assert torch.equal(p, q), n
     ids = torch.randint(0, 100, (4, 10))
     attn = torch.ones_like(ids)
     returns = torch.tensor([[1.0] * 6, [0.0] * 6, [0.5] * 6, [2.0] * 6])
     mask = torch.ones(4, 6)
     assert torch.equal(critic.values(ids, attn, 6, 2), torch.zeros(4, 6))  # zero-initialised head
-    first = critic.update(ids, attn, 6, torch.zeros(4, 6), returns, mask)["value_loss"]
+    first = critic.step(ids, attn, 6, torch.zeros(4, 6), returns, mask)["value_loss"]
     for _ in range(60):
-        last = critic.update(ids, attn, 6, torch.zeros(4, 6), returns, mask)["value_loss"]
+        last = critic.step(ids, attn, 6, torch.zeros(4, 6), returns, mask)["value_loss"]
     assert last < first / 5
     before = [p.clone() for p in policy.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))  # the policy is untouched
@@ -77,13 +78,13 @@ def test_full_critic_starts_from_policy_weights_and_learns(policy):
 
 def test_lora_critic_trains_only_its_adapter_and_head(policy):
     peft = lora_policy(policy)
-    critic = Critic(peft, "lora", learning_rate=1e-2)
+    critic = make_critic(peft, "lora", learning_rate=1e-2)
     names = [n for n, _ in peft.named_parameters()]
     assert any(f".{CRITIC_ADAPTER}." in n for n in names)
     snapshot = {n: p.clone() for n, p in peft.named_parameters()}
     ids = torch.randint(0, 100, (2, 8))
     for _ in range(3):
-        critic.update(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+        critic.step(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
     changed = {n for n, p in peft.named_parameters() if not torch.equal(p, snapshot[n])}
     assert changed and all(f".{CRITIC_ADAPTER}." in n for n in changed)
     assert peft.active_adapter == "default"
@@ -92,18 +93,41 @@ def test_lora_critic_trains_only_its_adapter_and_head(policy):
 
 def test_critic_refuses_lora_without_peft(policy):
     with pytest.raises(ValueError, match="PEFT"):
-        Critic(policy, "lora")
+        make_critic(policy, "lora")
 
 
 def test_critic_save_and_load_restore_exactly(policy, tmp_path):
-    critic = Critic(policy, "full", learning_rate=1e-2)
+    critic = make_critic(policy, "full", learning_rate=1e-2)
     ids = torch.randint(0, 100, (2, 8))
-    critic.update(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    critic.step(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
     critic.save(str(tmp_path))
     saved = [p.clone() for p in critic.trainable_parameters()]
-    critic.update(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    critic.step(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
     critic.load(str(tmp_path))
     assert all(torch.equal(a, b) for a, b in zip(saved, critic.trainable_parameters()))
+    # the AdamW moments come back too: the step after each load lands on the same weights
+    critic.step(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    once = [p.clone() for p in critic.trainable_parameters()]
+    critic.load(str(tmp_path))
+    critic.step(ids, torch.ones_like(ids), 4, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    assert all(torch.equal(a, b) for a, b in zip(once, critic.trainable_parameters()))
+
+
+def test_critic_holders_refuse_a_checkpoint_of_another_kind(policy, tmp_path):
+    from starpo_trl.algorithms.critic import ENGINE_TAG, ReplicatedCritic
+
+    critic = make_critic(policy, "full")
+    assert isinstance(critic, ReplicatedCritic) and not critic.sharded  # one process: plain AdamW
+    critic.save(str(tmp_path / "plain"))
+    (tmp_path / "plain" / ENGINE_TAG).mkdir()  # as a DeepSpeed critic leaves it
+    with pytest.raises(ValueError, match="saved under DeepSpeed and this critic runs without it"):
+        critic.load(str(tmp_path / "plain"))
+    lora = make_critic(lora_policy(policy), "lora")
+    lora.save(str(tmp_path / "lora"))
+    with pytest.raises(ValueError, match="another critic_type"):
+        critic.load(str(tmp_path / "lora"))
+    with pytest.raises(ValueError, match="sharded critic needs critic_type='full'"):
+        make_critic(policy, "lora", deepspeed_config={})
 
 
 def make_args(tmp_path, **kw):
@@ -359,16 +383,16 @@ def test_full_critic_can_start_from_another_models_weights(tiny_tokenizer, polic
     from starpo_trl.tiny import build_tiny_model
 
     other = build_tiny_model(tiny_tokenizer, seed=9, hidden_size=48, num_layers=2)
-    critic = Critic(policy, "full", init_from=other)
-    pairs = list(zip(critic.backbone.named_parameters(), other.model.named_parameters()))
+    critic = make_critic(policy, "full", init_from=other)
+    pairs = list(zip(critic.model.backbone.named_parameters(), other.model.named_parameters()))
     assert len(pairs) == len(list(other.model.parameters())) and all(
         n == m and torch.equal(p, q) for (n, p), (m, q) in pairs
     )
-    assert critic.head.in_features == 48  # sized from the value model, not the policy (32)
+    assert critic.model.head.in_features == 48  # sized from the value model, not the policy (32)
     ids = torch.randint(5, 100, (2, 7))
     assert critic.values(ids, torch.ones_like(ids), 3, 2).shape == (2, 3)
     with pytest.raises(ValueError, match="critic_type='full'"):
-        Critic(lora_policy(policy), "lora", init_from=other)
+        make_critic(lora_policy(policy), "lora", init_from=other)
 
 
 def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy, monkeypatch):
@@ -381,12 +405,10 @@ def test_trainer_value_model_and_critic_epochs(tmp_path, tiny_tokenizer, policy,
     other = build_tiny_model(tiny_tokenizer, seed=9, hidden_size=48, num_layers=2)
     args = make_args(tmp_path, advantage_estimator="gae", critic_epochs=3, max_steps=1)
     trainer = MultiTurnStarPOTrainer(policy, args, processing_class=tiny_tokenizer, value_model=other)
-    assert torch.equal(trainer.critic.backbone.embed_tokens.weight, other.model.embed_tokens.weight)
+    assert torch.equal(trainer.critic.model.backbone.embed_tokens.weight, other.model.embed_tokens.weight)
     calls = []
-    update = trainer.critic.update
-    monkeypatch.setattr(
-        trainer.critic, "update", lambda ids, *a, **k: calls.append(ids.clone()) or update(ids, *a, **k)
-    )
+    update = trainer.critic.step
+    monkeypatch.setattr(trainer.critic, "step", lambda ids, *a, **k: calls.append(ids.clone()) or update(ids, *a, **k))
     trainer.train()
     # 3 passes over the rollout batch, each split into steps_per_generation micro-batches of equal size
     assert len(calls) == 3 * args.steps_per_generation

@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from starpo_trl.algorithms.critic import Critic
+from starpo_trl.algorithms.critic import make_critic
 from starpo_trl.models import weights_digest
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -28,7 +28,7 @@ def average(params):
 
 def step(critic, ids, returns, max_grad_norm=1.0):
     mask = torch.ones_like(returns)
-    return critic.update(
+    return critic.step(
         ids,
         torch.ones_like(ids),
         returns.size(1),
@@ -44,8 +44,8 @@ def main(out):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     policy = build_tiny_model(build_tiny_tokenizer(), seed=0)
-    sharded = Critic(policy, "full", learning_rate=1e-2, value_clip=None)
-    plain = Critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
+    sharded = make_critic(policy, "full", learning_rate=1e-2, value_clip=None)
+    plain = make_critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
     generator = torch.Generator().manual_seed(100 + rank)  # a different micro-batch on each process
     batches = [
         (torch.randint(5, 200, (2, 10), generator=generator), torch.rand(2, 5, generator=generator)) for _ in range(4)
@@ -62,7 +62,7 @@ def main(out):
     sharded.save(os.path.join(out, "value_model"), write=rank == 0)
     dist.barrier()
     # resume: a plain critic loads the gathered state; one more step must match the sharded critic's
-    resumed = Critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
+    resumed = make_critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
     resumed.load(os.path.join(out, "value_model"))
     step(resumed, *batches[3])
     step(sharded, *batches[3])
@@ -73,8 +73,10 @@ def main(out):
     # a critic built from different weights on each process starts from process 0's everywhere
     own = build_tiny_model(build_tiny_tokenizer(), seed=rank)
     start, unsynced = [None] * dist.get_world_size(), [None] * dist.get_world_size()
-    dist.all_gather_object(start, weights_digest(Critic(own, "full").trainable_parameters()))
-    dist.all_gather_object(unsynced, weights_digest(Critic(own, "full", shard_optimizer=False).trainable_parameters()))
+    dist.all_gather_object(start, weights_digest(make_critic(own, "full").trainable_parameters()))
+    dist.all_gather_object(
+        unsynced, weights_digest(make_critic(own, "full", shard_optimizer=False).trainable_parameters())
+    )
     result = {
         "start_digests": start,
         "unsynced_digests": unsynced,
@@ -85,7 +87,7 @@ def main(out):
         "max_diff": max_diff,
         "resume_diff": resume_diff,
         "digests": digests,
-        "moved": any(p.abs().sum().item() > 0 for p in sharded.head.parameters()),
+        "moved": any(p.abs().sum().item() > 0 for p in sharded.model.head.parameters()),
     }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)

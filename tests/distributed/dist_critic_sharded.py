@@ -24,7 +24,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from starpo_trl.algorithms.critic import Critic, _decoder, deepspeed_critic_config  # noqa: E402
+from starpo_trl.algorithms.critic import deepspeed_critic_config, make_critic  # noqa: E402
+from starpo_trl.algorithms.value_model import decoder_of  # noqa: E402
 from starpo_trl.models import weights_digest  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
@@ -75,8 +76,8 @@ def main(out):
     rank = dist.get_rank()
     tokenizer = build_tiny_tokenizer()
     policy = build_tiny_model(tokenizer, seed=0)
-    sharded = Critic(policy, "full", learning_rate=1e-2, value_clip=None, **kwargs)
-    plain = Critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
+    sharded = make_critic(policy, "full", learning_rate=1e-2, value_clip=None, **kwargs)
+    plain = make_critic(policy, "full", learning_rate=1e-2, value_clip=None, shard_optimizer=False)
     total = sum(p.numel() for p in plain.trainable_parameters())
     local = sum(local_numel(p) for p in sharded.trainable_parameters())
     generator = torch.Generator().manual_seed(100 + rank)  # a different micro-batch on each process
@@ -112,7 +113,7 @@ def main(out):
     saved = load_file(os.path.join(path, "critic.safetensors"))
     saved_diff = max((saved[f"{i:05d}"] - p).abs().max().item() for i, p in enumerate(sharded.full_parameters()))
     # resume: a new sharded critic from other weights loads the checkpoint; one more step matches
-    resumed = Critic(build_tiny_model(tokenizer, seed=5), "full", learning_rate=1e-2, value_clip=None, **kwargs)
+    resumed = make_critic(build_tiny_model(tokenizer, seed=5), "full", learning_rate=1e-2, value_clip=None, **kwargs)
     resumed.load(path)
     step(resumed, *batches[3])
     try:  # a plain critic loads an FSDP checkpoint (the same files), not a DeepSpeed one
@@ -149,10 +150,10 @@ def main(out):
             config_dict_or_path={**config, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
         )
         with deepspeed.zero.GatheredParameters(list(partitioned.parameters())):
-            source = [p.detach().clone() for p in _decoder(partitioned).parameters()]
+            source = [p.detach().clone() for p in decoder_of(partitioned).parameters()]
             result["partitioned_params"] = sum(p.numel() for p in partitioned.parameters())  # whole inside the context
         result["partitioned_at_rest"] = sum(p.numel() for p in partitioned.parameters())
-        copied = Critic(partitioned, "full", **kwargs).full_parameters()[: len(source)]
+        copied = make_critic(partitioned, "full", **kwargs).full_parameters()[: len(source)]
         result["partitioned_copy_diff"] = max((a - b).abs().max().item() for a, b in zip(copied, source))
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
