@@ -9,10 +9,15 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from starpo_trl.algorithms import get_estimator, num_kept_groups
+from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
 from starpo_trl.rollout import RolloutConfig
 from starpo_trl.rollout.shaping import ThinkShaping
 
-FILTER_METRICS = ("std", "std_rev", "none")
+FILTER_METRICS = (*GROUP_METRICS, "std_rev", "none")  # std_rev: std, smallest first; none: keep every group
+# TRL loss types that divide by the whole batch's model-token count (num_items_in_batch): rows with no model
+# token (the padding of a step whose kept count varies) change nothing. The others average per row or per
+# micro-batch, which padding would dilute.
+BATCH_TOKEN_NORMALISED_LOSSES = ("dapo", "cispo", "vespo")
 # our names for how per-token losses are averaged -> the TRL loss_type that aggregates that way
 # The settings that decide how an episode is played and evaluated: saved next to a trained model
 # (ROLLOUT_SETTINGS_FILE), so evaluate.py plays it exactly as the trainer's held-out evaluation did.
@@ -104,10 +109,27 @@ class StarPOConfig(GRPOConfig):
 
         > StarPO-S
 
-        rollout_filter_ratio (`float`, 0.25): share of groups kept, ranked by in-group std of raw
-            trajectory reward. 1.0 keeps all (plain GRPO).
-        rollout_filter_metric (`str`, `"std"`): `"std"` keeps the most uncertain groups,
-            `"std_rev"` the least, `"none"` disables the filter.
+        rollout_filter_strategy (`str`, `"top_k"`): how groups are kept, by their score (see
+            `starpo_trl.algorithms.filters`): `top_k` (the `rollout_filter_ratio` share, the paper's
+            rule), `top_k_abs` (`rollout_filter_value` groups), `top_p` (`linear`: best first until
+            the cumulative score reaches `value * sum - rollout_filter_eps`; `softmax`: until the
+            softmax mass reaches `value`), `min_p` (score >= `value` x the best score).
+        rollout_filter_ratio (`float`, 0.25): `top_k`'s share of groups kept. 1.0 keeps all (plain GRPO).
+        rollout_filter_value (`float` or `None`): the other strategies' value (count, p or fraction).
+        rollout_filter_metric (`str`, `"std"`): the group score, on raw rewards: `std` or `variance`
+            of the in-group reward, `mean` reward, `entropy` (mean -log p of the sampled model
+            tokens), `length` (model tokens per episode); `none` keeps every group; `std_rev` is `std`
+            with `smallest`. RAGEN's current recommendation: `variance`, `top_p` 0.9 `linear`,
+            `rollout_filter_include_zero=False`.
+        rollout_filter_type (`str`, `"largest"`): keep the highest scores, or the `smallest`.
+        rollout_filter_include_zero (`bool`, True): False never keeps a zero-score group.
+        rollout_filter_top_p_mode (`str`, `"linear"`) / rollout_filter_eps (`float`, 0.01): see `top_p`.
+        When the number of kept groups can vary (`top_p`, `min_p`, or `include_zero=False`), the
+        kept rows are dealt evenly to the processes (the lowest-ranked groups dropped until they
+        divide) and each process pads its share with copies that hold no model token up to a
+        multiple of `steps_per_generation`; the loss must then divide by the batch's token count
+        (`loss_type` dapo, cispo or vespo; the default), so padding changes nothing. A step that keeps
+        nothing is skipped (`rollout/empty_after_filter`); `max_empty_steps` in a row stop training.
 
         > Advantages and the critic
 
@@ -228,7 +250,17 @@ class StarPOConfig(GRPOConfig):
     rollout_filter_ratio: float = field(
         default=0.25, metadata={"help": "Share of groups kept by the variance filter."}
     )
-    rollout_filter_metric: str = field(default="std", metadata={"help": "Filter ranking: std, std_rev or none."})
+    rollout_filter_strategy: str = field(default="top_k", metadata={"help": "top_k, top_k_abs, top_p or min_p."})
+    rollout_filter_value: float | None = field(
+        default=None, metadata={"help": "top_k_abs count, top_p p or min_p fraction."}
+    )
+    rollout_filter_metric: str = field(
+        default="std", metadata={"help": "Group score: std, variance, mean, entropy, length (or std_rev, none)."}
+    )
+    rollout_filter_type: str = field(default="largest", metadata={"help": "Keep the largest or smallest scores."})
+    rollout_filter_include_zero: bool = field(default=True, metadata={"help": "False never keeps zero-score groups."})
+    rollout_filter_top_p_mode: str = field(default="linear", metadata={"help": "top_p mass: linear or softmax."})
+    rollout_filter_eps: float = field(default=0.01, metadata={"help": "top_p linear: threshold slack."})
 
     advantage_estimator: str = field(default="grpo", metadata={"help": "grpo, rloo, gae, bilevel_gae or turn_gae."})
     gamma: float = field(default=1.0, metadata={"help": "Token-level GAE discount."})
@@ -384,6 +416,7 @@ class StarPOConfig(GRPOConfig):
                 f"rollout_filter_ratio={self.rollout_filter_ratio} keeps no group: use a value in (0, 1] "
                 "(0.25 keeps the top quarter of groups; 1.0 disables the filter)."
             )
+        self._check_filter_strategy()
         for name in (*EPISODE_BUDGETS, "num_start_states"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -440,6 +473,58 @@ class StarPOConfig(GRPOConfig):
                 )
             self.loss_type = LOSS_AGGREGATION[self.loss_aggregation]
 
+    def _check_filter_strategy(self) -> None:
+        strategy, value = self.rollout_filter_strategy, self.rollout_filter_value
+        for name, allowed in (
+            ("rollout_filter_strategy", STRATEGIES),
+            ("rollout_filter_type", ("largest", "smallest")),
+            ("rollout_filter_top_p_mode", TOP_P_MODES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if strategy == "top_k":
+            if value is not None:
+                raise ValueError(
+                    "top_k keeps the rollout_filter_ratio share of groups: set that, not rollout_filter_value."
+                )
+            return
+        ranges = {
+            "top_k_abs": "a number of groups >= 1",
+            "top_p": "a share in (0, 1]",
+            "min_p": "a fraction in (0, 1]",
+        }
+        if value is None or (value < 1 or value != int(value) if strategy == "top_k_abs" else not 0 < value <= 1):
+            raise ValueError(
+                f"rollout_filter_strategy={strategy!r} needs rollout_filter_value, {ranges[strategy]}; got {value}."
+            )
+        uses_shares = (strategy == "top_p" and self.rollout_filter_top_p_mode == "linear") or strategy == "min_p"
+        if uses_shares and self.rollout_filter_metric == "mean":
+            raise ValueError(
+                f"{strategy} compares shares of the group scores, and mean rewards can be negative: use the "
+                "softmax top_p mode or top_k with rollout_filter_metric='mean', or another metric."
+            )
+        if (
+            strategy == "top_p"
+            and self.rollout_filter_top_p_mode == "linear"
+            and self.rollout_filter_type == "smallest"
+        ):
+            raise ValueError(
+                "top_p linear keeps a share of the score mass from the top: use largest, or softmax mode."
+            )
+        if self.rollout_filter_eps < 0:
+            raise ValueError(f"rollout_filter_eps must be >= 0, got {self.rollout_filter_eps}")
+
+    def fixed_kept_groups(self) -> int | None:
+        """How many groups every step keeps, or None when the filter's strategy lets it vary."""
+        groups = self.num_start_states
+        if self.rollout_filter_metric == "none":
+            return groups
+        if not self.rollout_filter_include_zero or self.rollout_filter_strategy in ("top_p", "min_p"):
+            return None
+        if self.rollout_filter_strategy == "top_k_abs":
+            return min(groups, int(self.rollout_filter_value))
+        return num_kept_groups(groups, self.rollout_filter_ratio)
+
     def _check_batch_layout(self) -> None:
         """The kept trajectories of a step can be dealt to the processes in equal micro-batches."""
         groups = self.generation_batch_size // self.num_generations
@@ -450,9 +535,17 @@ class StarPOConfig(GRPOConfig):
             )
         # The filter ranks the groups of the whole gathered batch; the kept trajectories are then dealt
         # out evenly, so every process gets the same number of rows and splits them into equal micro-batches.
-        kept_groups = num_kept_groups(
-            groups, self.rollout_filter_ratio if self.rollout_filter_metric != "none" else 1.0
-        )
+        kept_groups = self.fixed_kept_groups()
+        if kept_groups is None:  # varies: padded per step to equal shares (see rollout_filter_strategy)
+            if self.loss_type not in BATCH_TOKEN_NORMALISED_LOSSES:
+                raise ValueError(
+                    f"With rollout_filter_strategy={self.rollout_filter_strategy!r} (include_zero="
+                    f"{self.rollout_filter_include_zero}) the number of kept rows changes every step and is padded with "
+                    f"rows that hold no model token; loss_type={self.loss_type!r} averages per row or micro-batch, which "
+                    f"the padding would dilute. Use loss_type in {BATCH_TOKEN_NORMALISED_LOSSES} (loss_aggregation="
+                    "'token-mean'), or a fixed-count filter (top_k / top_k_abs with include_zero=True)."
+                )
+            return
         kept = kept_groups * self.num_generations
         share = kept // self.world_size
         if kept % self.world_size or share < self.steps_per_generation or share % self.steps_per_generation:

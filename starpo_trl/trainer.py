@@ -43,7 +43,7 @@ from starpo_trl.monitoring.metrics import (
 )
 from starpo_trl.monitoring.model_card import render_model_card
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
-from starpo_trl.rollout.batch import episodes_to_tensors
+from starpo_trl.rollout.batch import episode_filter_values, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
@@ -225,7 +225,15 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         episodes = self._gather_episodes(rollout)
 
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
-        scored = score_rollout([ep.reward for ep in episodes], failed, group, args, self.scale_rewards)
+        scored = score_rollout(
+            [ep.reward for ep in episodes],
+            failed,
+            group,
+            args,
+            self.scale_rewards,
+            *episode_filter_values(episodes, args.rollout_filter_metric),
+            num_processes=self.accelerator.num_processes,
+        )
         rewards, kept_groups, keep, kept_rewards = scored.rewards, scored.kept_groups, scored.keep, scored.kept_rewards
         # this process's rows of the kept batch
         share = len(keep) // self.accelerator.num_processes
@@ -237,25 +245,28 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             )
         local_keep = keep[mine]
         kept = [episodes[i] for i in local_keep.tolist()]
-        failed_kept = failed[local_keep]
+        # a kept count that varies by step: padded with rows that hold no model token (see StarPOConfig)
+        padding = padded_rows(len(kept), args.steps_per_generation) - len(kept)
+        rows = kept + [kept[0] if kept else episodes[0]] * padding
 
-        batch = episodes_to_tensors(kept, self._tokenizer.pad_token_id, device)
+        batch = episodes_to_tensors(rows, self._tokenizer.pad_token_id, device)
         if args.env_error_policy == "exclude":
-            batch["tool_mask"][failed_kept.to(device)] = 0
+            batch["tool_mask"][: len(kept)][failed[local_keep].to(device)] = 0
+        batch["tool_mask"][len(kept) :] = 0
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         empty = mode == "train" and int(batch["num_items_in_batch"]) == 0
         if mode == "train":
-            self._check_empty_step(empty)
+            self._check_empty_step(empty, filtered_out=len(kept_groups) == 0)
 
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits_to_keep = batch["completion_ids"].size(1)
         if scored.advantages is not None:
-            advantages = scored.advantages[mine].to(device)
+            advantages = torch.cat([scored.advantages[mine], torch.zeros(padding)]).to(device)
         else:
             advantages = self._critic_advantages(
-                kept,
+                rows,
                 rewards[keep],
                 kept_rewards,
                 mine,
@@ -267,20 +278,23 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 mode,
             )
             if mode == "train" and not empty:
+                real = slice(0, len(kept))  # the same number on every process: the padding is not trained on
                 self._train_critic(
-                    input_ids,
-                    attention_mask,
+                    input_ids[real],
+                    attention_mask[real],
                     logits_to_keep,
-                    batch["old_values"],
-                    batch["returns"],
-                    batch["value_mask"],
+                    batch["old_values"][real],
+                    batch["returns"][real],
+                    batch["value_mask"][real],
                 )
         batch["advantages"] = advantages
         self._old_and_ref_logps(batch, input_ids, attention_mask, logits_to_keep, loss_mask)
         row_advantages = (
             advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
         )
-        self._log_rollout(mode, episodes, kept, rewards, row_advantages, len(kept_groups), keep, rollout.timings)
+        self._log_rollout(
+            mode, episodes, kept, rewards, row_advantages[: len(kept)], len(kept_groups), keep, rollout.timings
+        )
         return batch
 
     @torch.no_grad()
@@ -319,7 +333,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     def _critic_advantages(
         self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
     ):
-        """Per-token advantages (B, T) of this process's kept rows ``kept`` from the critic's values;
+        """Per-token advantages (B, T) of this process's rows ``kept`` (kept episodes, then padding) from the critic's values;
         stores ``old_values`` and ``returns``. ``raw``/``normalized`` are the whole kept batch's rewards
         (group statistics need all of it); ``mine`` slices out this process's rows."""
         args: StarPOConfig = self.args
@@ -327,9 +341,10 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
         )
         ends = [ep.turn_end_positions for ep in kept]
+        real = mine.stop - mine.start  # rows after these are padding (no model token): zero rewards
         turn_rewards = critic_turn_rewards(
-            [ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args
-        )
+            [ep.turn_rewards for ep in kept[:real]], raw, normalized, mine, self.num_generations, args
+        ) + [[0.0] * len(ep.turn_rewards) for ep in kept[real:]]
         advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
         # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
         value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
@@ -367,12 +382,22 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             for key, value in stats.items():  # averaged by the logger
                 self._metrics["train"][f"critic/{key}"].append(value)
 
-    def _check_empty_step(self, empty: bool) -> None:
-        """A step with no model token to train on is skipped (the optimizer does not step, see
-        ``_SkipEmptyUpdate``); ``max_empty_steps`` of them in a row stop training with an error."""
+    def _check_empty_step(self, empty: bool, filtered_out: bool = False) -> None:
+        """A step with no model token to train on (every kept episode failed, or the filter kept no
+        group) is skipped: the optimizer does not step (``_SkipEmptyUpdate``); ``max_empty_steps`` of
+        them in a row stop training with an error that names the cause."""
         self.skip_update = empty
         self._metrics["train"]["rollout/empty_step"].append(float(empty))
+        self._metrics["train"]["rollout/empty_after_filter"].append(float(filtered_out))
         self.empty_steps_in_a_row = self.empty_steps_in_a_row + 1 if empty else 0
+        if self.empty_steps_in_a_row >= self.args.max_empty_steps and filtered_out:
+            raise RuntimeError(
+                f"The rollout filter kept no group {self.empty_steps_in_a_row} steps in a row "
+                f"(rollout_filter_strategy={self.args.rollout_filter_strategy!r}, metric={self.args.rollout_filter_metric!r}, "
+                f"include_zero={self.args.rollout_filter_include_zero}): every group's score was zero or below the "
+                "threshold, so the policy gets no signal (collapsed, or the task is too hard or too easy). Set "
+                "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise max_empty_steps."
+            )
         if self.empty_steps_in_a_row >= self.args.max_empty_steps:
             raise RuntimeError(
                 f"{self.empty_steps_in_a_row} steps in a row had no model token to train on: every kept episode failed "

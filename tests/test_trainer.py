@@ -13,7 +13,21 @@ def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="steps_per_generation"):
         make_args(tmp_path, rollout_filter_ratio=0.25, per_device_train_batch_size=2)  # keeps 4 rows, 8 micro-batches
     with pytest.raises(ValueError, match="rollout_filter_metric"):
-        make_args(tmp_path, rollout_filter_metric="variance")
+        make_args(tmp_path, rollout_filter_metric="var")
+    with pytest.raises(ValueError, match="rollout_filter_strategy"):
+        make_args(tmp_path, rollout_filter_strategy="top_q")
+    with pytest.raises(ValueError, match="needs rollout_filter_value, a share in"):
+        make_args(tmp_path, rollout_filter_strategy="top_p")
+    with pytest.raises(ValueError, match="needs rollout_filter_value, a number of groups"):
+        make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_value=1.5)
+    with pytest.raises(ValueError, match="set that, not rollout_filter_value"):
+        make_args(tmp_path, rollout_filter_value=0.5)
+    with pytest.raises(ValueError, match="mean rewards can be negative"):
+        make_args(tmp_path, rollout_filter_strategy="min_p", rollout_filter_value=0.5, rollout_filter_metric="mean")
+    with pytest.raises(ValueError, match="padding would dilute"):  # a varying kept count needs a batch-token loss
+        make_args(
+            tmp_path, rollout_filter_strategy="top_p", rollout_filter_value=0.9, loss_aggregation="seq-mean-token-mean"
+        )
     with pytest.raises(ValueError, match="env_kwargs"):
         make_args(tmp_path, env_kwargs="{not json")
 
@@ -132,3 +146,50 @@ def test_held_out_evaluation_plays_in_calls_of_eval_rollout_batch_size(tmp_path,
     assert seeds == list(range(args.eval_seed_offset, args.eval_seed_offset + 8)) and metrics["turns"] == 1.0
     with pytest.raises(ValueError, match="eval_rollout_batch_size"):
         make_args(tmp_path, eval_rollout_batch_size=0)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_a_varying_kept_count_is_padded_with_rows_that_hold_no_model_token(
+    tmp_path, tiny_tokenizer, fresh_model, estimator
+):
+    """4 start states x 2; one micro-batch of 2 rows per process step (steps_per_generation 4). Step 1: only
+    group 1 mixes a malformed reply with a valid one (the others' rewards are constant: variance 0), so
+    top_p with include_zero=False keeps that group alone: 2 rows, padded to 4 with rows whose loss mask is
+    zero, advantage zero, and which add nothing to the batch's token count. Steps 2-3: every reply is
+    malformed, the filter keeps nothing; the step is skipped, and two in a row stop training, naming the filter."""
+    from conftest import ScriptedBackend
+
+    def replies(call, i):
+        return "<think>x</think><answer>Dragon</answer>" if call == 0 and i == 3 else "no format"
+
+    backend = ScriptedBackend(tiny_tokenizer, replies, tiny_tokenizer.eos_token_id)
+    args = make_args(
+        tmp_path,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        rollout_filter_strategy="top_p",
+        rollout_filter_value=1.0,
+        rollout_filter_metric="variance",
+        rollout_filter_include_zero=False,
+        max_steps=3,
+        max_empty_steps=2,
+        advantage_estimator=estimator,
+    )
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, backend=backend)
+    batches = []
+    step = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: batches.append(step(inputs)) or batches[-1]
+    with pytest.raises(RuntimeError, match="rollout filter kept no group 2 steps in a row"):
+        trainer.train()
+    assert [h["kept"] for h in trainer.kept_group_history] == [[1], [], []]
+    first = batches[0]
+    mask = first["completion_mask"] * first["tool_mask"]
+    assert len(first["completion_ids"]) == 4 and mask[2:].sum() == 0 and mask[:2].sum() > 0
+    assert first["advantages"][2:].abs().sum() == 0 and first["advantages"][:2].abs().sum() > 0
+    assert int(first["num_items_in_batch"]) == int(mask[:2].sum())
+    assert int(batches[1]["num_items_in_batch"]) == 0
+    logged = [
+        row["rollout/empty_after_filter"] for row in trainer.state.log_history if "rollout/empty_after_filter" in row
+    ]
+    assert logged and logged[0] == 0.0

@@ -12,7 +12,7 @@ from starpo_trl.algorithms.advantages import (
     reward_normalization_terms,
 )
 from starpo_trl.algorithms.estimators import get_estimator
-from starpo_trl.algorithms.filters import expand_groups, select_groups
+from starpo_trl.algorithms.filters import expand_groups, group_scores, select_groups
 
 
 @dataclass
@@ -24,16 +24,63 @@ class Scored:
     advantages: torch.Tensor | None  # (K * G,) from a group estimator; None when a critic gives them per token
 
 
+def filter_groups(
+    rewards: torch.Tensor,
+    group_size: int,
+    args,
+    entropies: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    num_processes: int = 1,
+) -> torch.Tensor:
+    """The groups the rollout filter keeps (sorted indices; may be empty), by the ``rollout_filter_*``
+    settings of ``args``. Under several processes the lowest-ranked kept groups are dropped until the
+    kept rows divide evenly among them."""
+    num_groups = rewards.numel() // group_size
+    metric, largest = args.rollout_filter_metric, args.rollout_filter_type == "largest"
+    if metric == "none":
+        return torch.arange(num_groups)
+    if metric == "std_rev":
+        metric, largest = "std", False
+    strategy = args.rollout_filter_strategy
+    kept = select_groups(
+        group_scores(rewards, group_size, metric, entropies, lengths),
+        strategy,
+        args.rollout_filter_ratio if strategy == "top_k" else args.rollout_filter_value,
+        args.rollout_filter_include_zero,
+        largest,
+        args.rollout_filter_top_p_mode,
+        args.rollout_filter_eps,
+    )
+    while len(kept) * group_size % num_processes:
+        kept = kept[:-1]
+    return torch.sort(kept).values
+
+
 def score_rollout(
-    episode_rewards: list[float], failed: torch.Tensor, group_size: int, args, scale_rewards: str = "group"
+    episode_rewards: list[float],
+    failed: torch.Tensor,
+    group_size: int,
+    args,
+    scale_rewards: str = "group",
+    entropies: list[float] | None = None,
+    lengths: list[int] | None = None,
+    num_processes: int = 1,
 ) -> Scored:
     """Failed episodes are left out (NaN: out of their group's statistics, advantage 0) or given
-    ``env_failure_reward`` (``env_error_policy``); the variance filter ranks the groups on the RAW
-    rewards of the whole batch; the kept rewards are normalised; a group estimator then gives each
-    kept episode its advantage. ``args`` is the ``StarPOConfig``."""
+    ``env_failure_reward`` (``env_error_policy``); the rollout filter ranks the groups on the RAW
+    rewards of the whole batch (``filter_groups``); the kept rewards are normalised; a group
+    estimator then gives each kept episode its advantage. ``args`` is the ``StarPOConfig``;
+    ``entropies`` / ``lengths`` per episode feed those filter metrics."""
     rewards = torch.tensor(episode_rewards, dtype=torch.float32)
     rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
-    kept_groups = select_groups(rewards, group_size, args.rollout_filter_ratio, args.rollout_filter_metric)
+    kept_groups = filter_groups(
+        rewards,
+        group_size,
+        args,
+        None if entropies is None else torch.tensor(entropies, dtype=torch.float32),
+        None if lengths is None else torch.tensor(lengths, dtype=torch.float32),
+        num_processes,
+    )
     keep = expand_groups(kept_groups, group_size)
     kept_rewards = normalize_rewards(rewards[keep], group_size, args.reward_normalization, args.reward_norm_scope)
     estimator = get_estimator(args.advantage_estimator)

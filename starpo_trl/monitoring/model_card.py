@@ -14,8 +14,11 @@ from envs.contract import env_name
 # (field, label) of the StarPO settings shown in the card
 SETTINGS = (
     ("advantage_estimator", "advantage estimator"),
-    ("rollout_filter_ratio", "variance filter: share of groups kept"),
-    ("rollout_filter_metric", "variance filter metric"),
+    ("rollout_filter_metric", "rollout filter: group score"),
+    ("rollout_filter_strategy", "rollout filter: strategy"),
+    ("rollout_filter_ratio", "rollout filter: top_k share of groups kept"),
+    ("rollout_filter_value", "rollout filter: value (top_k_abs / top_p / min_p)"),
+    ("rollout_filter_include_zero", "rollout filter: keeps zero-score groups"),
     ("num_start_states", "start states (groups) per step"),
     ("num_generations", "rollouts per start state"),
     ("max_turns", "max turns"),

@@ -8,6 +8,29 @@ from trl.trainer.utils import pad
 from starpo_trl.rollout.engine import Episode
 
 
+def padded_rows(rows: int, micro_batches: int) -> int:
+    """How many rows a process's share of ``rows`` kept episodes becomes: the next multiple of
+    ``micro_batches`` (at least one row per micro-batch), so TRL splits it into equal micro-batches.
+    The added rows hold no model token (``tool_mask`` 0)."""
+    return max(1, -(-rows // micro_batches)) * micro_batches
+
+
+def episode_filter_values(episodes: list[Episode], metric: str) -> tuple[list[float] | None, list[int] | None]:
+    """What the rollout filter's ``entropy`` / ``length`` metrics read per episode (None when unused):
+    the mean ``-log p`` of the sampled model tokens (an estimate of the policy's per-token entropy;
+    NaN for an episode without model tokens), and the number of model tokens."""
+    lengths = [sum(ep.env_mask) for ep in episodes]
+    if metric == "length":
+        return None, lengths
+    if metric != "entropy":
+        return None, None
+    entropies = [
+        -sum(lp for lp, m in zip(ep.logprobs, ep.env_mask) if m) / n if n else float("nan")
+        for ep, n in zip(episodes, lengths)
+    ]
+    return entropies, None
+
+
 def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, torch.Tensor]:
     """TRL's batch layout: left-padded prompts, right-padded completions, env tokens as ``tool_mask`` 0."""
     prompt_ids = pad([torch.tensor(ep.prompt_ids) for ep in episodes], padding_value=pad_token_id, padding_side="left")

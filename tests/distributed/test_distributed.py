@@ -124,11 +124,29 @@ def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
 
 def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     """GAE with a full critic on 2 processes: the critic moves, stays bit-identical across ranks (its AdamW
-    state is sharded between them), is saved whole in the checkpoint, and a 2-process resume continues."""
+    state is sharded between them), is saved whole in the checkpoint, and a 2-process resume continues.
+    The filter is RAGEN's current one (variance, linear top_p 0.9, zero groups dropped), whose kept count
+    varies by step: both ranks keep what the rule gives on the gathered batch, each pads its share."""
     import torch
     from safetensors.torch import load_file
 
+    from starpo_trl.algorithms.filters import select_groups
+
     out = tmp_path / "run"
+    varying_filter = [
+        "--warm_start_episodes",  # as the first test: rewards that differ within groups
+        "1200",
+        "--warm_start_epochs",
+        "2",
+        "--rollout_filter_strategy",
+        "top_p",
+        "--rollout_filter_value",
+        "0.9",
+        "--rollout_filter_metric",
+        "variance",
+        "--rollout_filter_include_zero",
+        "false",
+    ]
     critic = [
         "--advantage_estimator",
         "gae",
@@ -141,13 +159,19 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
         "--save_steps",
         "2",
     ]
-    ranks = _launch(out, 29535, *critic, "--max_steps", "2")
+    ranks = _launch(out, 29535, *critic, *varying_filter, "--max_steps", "2")
     assert ranks[0]["global_step"] == 2 and ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
+    for rollout in ranks[0]["kept_groups"]:
+        std = torch.tensor([float("nan") if x < 0 else x for x in rollout["group_std"]])
+        expected = select_groups(std * std, "top_p", 0.9, include_zero=False)
+        assert rollout["kept"] == sorted(expected.tolist())
+    assert any(rollout["kept"] for rollout in ranks[0]["kept_groups"]), "nothing kept: the check is vacuous"
     _assert_ranks_agree_and_the_critic_learned(ranks, out)
     saved = out / "checkpoint-2" / "value_model"
     state = torch.load(saved / "critic_optimizer.pt", weights_only=True)
     assert len(state["state"]) == len(load_file(saved / "critic.safetensors"))  # both shards' moments, gathered
-    # resume on 2 processes from the checkpoint (the sharded optimizer loads its share of the gathered state)
+    # resume on 2 processes from the checkpoint (the sharded optimizer loads its share of the gathered state),
+    # with the paper's fixed-count filter: a step that keeps nothing would leave the critic as it was
     resumed = _launch(out, 29537, *critic, "--max_steps", "3", "--resume_from_checkpoint", str(out / "checkpoint-2"))
     assert resumed[0]["global_step"] == 3 and len(resumed[0]["kept_groups"]) == 1
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] != ranks[0]["critic_sha256"]
