@@ -1,12 +1,20 @@
-"""The paper's finding 4 at small scale: variance-filter keep ratio 1.0 vs 0.5 vs 0.25.
+"""The paper's finding 4 at small scale: variance-filter keep ratio 1.0 vs 0.5 vs 0.25; and RAGEN's
+current filter against the paper's and against none.
 
-    python benchmarks/learning.py         # about 30 minutes on 2 CPU cores (make bench-learning)
+    python benchmarks/learning.py             # both parts (make bench-learning)
+    python benchmarks/learning.py ratios      # about 30 minutes on 2 CPU cores
+    python benchmarks/learning.py strategies  # about 25 minutes on 2 CPU cores (FrozenLake)
 
 For Bandit and FrozenLake (the CPU demo recipes): one warm start, then for each keep ratio and
 seed 0, 1, 2 a StarPO run from that same warm-started model; reports final held-out success,
 the step where training collapsed (if any) and wall time, draws one PNG per env, and says whether
 the paper's ordering held. Collapse: the 5-step moving average of training success falls below
 half of its best value so far (after step 10).
+
+``strategies``: on FrozenLake, from the same warm start, seeds 0, 1, 2 of: the paper's top-k 0.25 by
+std, RAGEN's current recommendation (reward variance, linear top-p 0.9, zero-variance groups
+dropped) and no filter; final held-out success, mean kept share of the episodes, steps the
+filter emptied, wall time; into results.json "filter_strategies" and BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -23,6 +31,18 @@ sys.path.insert(0, str(HERE))
 warnings.filterwarnings("ignore")
 
 RATIOS = (1.0, 0.5, 0.25)
+STRATEGIES = {
+    "top_k 0.25 (paper)": {"rollout_filter_strategy": "top_k", "rollout_filter_ratio": 0.25},
+    "top_p linear 0.9, no zero groups (RAGEN now)": {
+        "rollout_filter_strategy": "top_p",
+        "rollout_filter_ratio": 0.9,
+        "rollout_filter_metric": "reward_variance",
+        "rollout_filter_top_p_mode": "linear",
+        "rollout_filter_include_zero": False,
+    },
+    "no filter": {"rollout_filter_strategy": "top_k", "rollout_filter_ratio": 1.0},
+}
+STRATEGY_ENVS = ("starpo/FrozenLake-v0",)
 SEEDS = (0, 1, 2)
 RECIPES = {"starpo/Bandit-v0": ("demo-cpu-bandit.yaml", 10), "starpo/FrozenLake-v0": ("demo-cpu-frozenlake.yaml", 60)}
 OUT = ROOT / "runs" / "bench-learning"
@@ -52,31 +72,110 @@ def collapse_step(log_history, key) -> int | None:
     return None
 
 
-def main() -> None:
+def warm_started(recipe: str, name: str) -> pathlib.Path:
+    """The recipe's warm-started model, made once and cached under runs/bench-learning/<env>/warm."""
+    from starpo_trl.models import load_model_and_tokenizer
+    from starpo_trl.warm_start import warm_start_from_config
+
+    warm_dir = OUT / name / "warm"
+    run_args, args, model_args, tiny_args = parse(recipe, output_dir=str(warm_dir))
+    if not (warm_dir / "model.safetensors").exists():
+        model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
+        model = warm_start_from_config(model, tok, run_args, args, str(warm_dir / "sft"))
+        model.save_pretrained(warm_dir)
+        tok.save_pretrained(warm_dir)
+    return warm_dir
+
+
+def run_from(warm_dir: pathlib.Path, args):
+    """A StarPO run from the warm-started model; returns the trainer (trained) and its final held-out metrics."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from starpo_trl import MultiTurnStarPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(warm_dir)
+    trainer = MultiTurnStarPOTrainer(AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=tok)
+    trainer.train()
+    return trainer, trainer.evaluate_success()
+
+
+def strategies() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import statistics
+
+    import matplotlib.pyplot as plt
+    from report import store
+
+    from envs.contract import env_name
+    from starpo_trl.monitoring.plotting import series
+
+    results = {}
+    for env_id in STRATEGY_ENVS:
+        recipe, max_steps = RECIPES[env_id]
+        name = env_name(env_id)
+        warm_dir = warm_started(recipe, name)
+        runs = []
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (label, settings), color in zip(STRATEGIES.items(), ("tab:green", "tab:blue", "tab:red")):
+            for seed in SEEDS:
+                _, args, _, _ = parse(
+                    recipe,
+                    output_dir=str(OUT / name / f"strategy{list(STRATEGIES).index(label)}-s{seed}"),
+                    seed=seed,
+                    max_steps=max_steps,
+                    **settings,
+                )
+                start = time.time()
+                trainer, final = run_from(warm_dir, args)
+                history = trainer.state.log_history
+                kept = [r["rollout/kept_fraction"] for r in history if "rollout/kept_fraction" in r]
+                runs.append(
+                    {
+                        "strategy": label,
+                        "seed": seed,
+                        "final_success": final["success"],
+                        "kept_fraction_mean": round(statistics.mean(kept), 4) if kept else None,
+                        "empty_after_filter_steps": int(
+                            sum(r.get("rollout/empty_after_filter", 0) > 0 for r in history)
+                        ),
+                        "wall_seconds": round(time.time() - start, 1),
+                    }
+                )
+                steps, values = series(history, f"env/{name}/success")
+                ax.plot(steps, values, color=color, alpha=0.6, label=label if seed == SEEDS[0] else None)
+                print(name, runs[-1], flush=True)
+        ax.set_title(f"{env_id}: train success by rollout filter (3 seeds)")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        png = HERE / f"filter-strategies-{name}.png"
+        fig.savefig(png, dpi=100)
+        plt.close(fig)
+        summary = {}
+        for label in STRATEGIES:
+            finals = [x["final_success"] for x in runs if x["strategy"] == label]
+            summary[label] = {"mean": statistics.mean(finals), "spread": max(finals) - min(finals)}
+        order = sorted(STRATEGIES, key=lambda k: -summary[k]["mean"])
+        results[env_id] = {"runs": runs, "summary": summary, "ordering": order, "png": str(png.relative_to(ROOT))}
+    store("filter_strategies", {"per_env": results, "strategies": STRATEGIES, "seeds": list(SEEDS)})
+
+
+def ratios() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from report import store
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from starpo_trl import MultiTurnStarPOTrainer
-    from starpo_trl.models import load_model_and_tokenizer
+    from envs.contract import env_name
     from starpo_trl.monitoring.plotting import series
-    from starpo_trl.warm_start import warm_start_from_config
 
     results = {}
     for env_id, (recipe, max_steps) in RECIPES.items():
-        from envs.contract import env_name
-
         name = env_name(env_id)
-        warm_dir = OUT / name / "warm"
-        run_args, args, model_args, tiny_args = parse(recipe, output_dir=str(warm_dir))
-        if not (warm_dir / "model.safetensors").exists():
-            model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
-            model = warm_start_from_config(model, tok, run_args, args, str(warm_dir / "sft"))
-            model.save_pretrained(warm_dir)
-            tok.save_pretrained(warm_dir)
+        warm_dir = warm_started(recipe, name)
         runs = []
         fig, ax = plt.subplots(figsize=(6, 4))
         for ratio in RATIOS:
@@ -89,12 +188,8 @@ def main() -> None:
                     max_steps=max_steps,
                 )
                 start = time.time()
-                tok = AutoTokenizer.from_pretrained(warm_dir)
-                trainer = MultiTurnStarPOTrainer(
-                    AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=tok
-                )
-                trainer.train()
-                final = trainer.evaluate_success()["success"]
+                trainer, metrics = run_from(warm_dir, args)
+                final = metrics["success"]
                 key = f"env/{name}/success"
                 runs.append(
                     {
@@ -132,4 +227,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parts = sys.argv[1:] or ["ratios", "strategies"]
+    for part in parts:
+        {"ratios": ratios, "strategies": strategies}[part]()

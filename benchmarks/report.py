@@ -101,6 +101,35 @@ def write(results: dict) -> None:
             + ".",
             "",
         ]
+    if "filter_strategies" in results:
+        r = results["filter_strategies"]
+        lines += [
+            f"## Learning: rollout filter strategies (`python benchmarks/learning.py strategies`, {r['machine']}, "
+            f"{r['measured_at']})",
+            "",
+            "Tiny offline model, one warm start per env, then StarPO with each filter and seeds "
+            f"{', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; kept share = kept episodes / "
+            "played, averaged over steps; empty steps = steps the filter kept nothing (skipped).",
+            "",
+            "| env | filter | final success (mean) | spread (max - min) | per seed | kept share | empty steps | wall s (mean) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for env_id, e in r["per_env"].items():
+            for label, s in e["summary"].items():
+                runs = [x for x in e["runs"] if x["strategy"] == label]
+                kept = [x["kept_fraction_mean"] for x in runs if x["kept_fraction_mean"] is not None]
+                lines.append(
+                    f"| `{env_id}` | {label} | {s['mean']:.3f} | {s['spread']:.3f} | "
+                    + ", ".join(f"{x['final_success']:.3f}" for x in runs)
+                    + f" | {sum(kept) / len(kept):.2f} | "
+                    + ", ".join(str(x["empty_after_filter_steps"]) for x in runs)
+                    + f" | {sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |"
+                )
+        for env_id, e in r["per_env"].items():
+            lines.append(
+                f"\n`{env_id}` ({e['png']}): ordering by mean final success: " + " > ".join(e["ordering"]) + "."
+            )
+        lines.append("")
     if "learning" in results:
         r = results["learning"]
         lines += [

@@ -110,17 +110,16 @@ class StarPOConfig(GRPOConfig):
         > StarPO-S
 
         rollout_filter_strategy (`str`, `"top_k"`): how groups are kept, by their score (see
-            `starpo_trl.algorithms.filters`): `top_k` (the `rollout_filter_ratio` share, the paper's
-            rule), `top_k_abs` (`rollout_filter_value` groups), `top_p` (`linear`: best first until
-            the cumulative score reaches `value * sum - rollout_filter_eps`; `softmax`: until the
-            softmax mass reaches `value`), `min_p` (score >= `value` x the best score).
-        rollout_filter_ratio (`float`, 0.25): `top_k`'s share of groups kept. 1.0 keeps all (plain GRPO).
-        rollout_filter_value (`float` or `None`): the other strategies' value (count, p or fraction).
-        rollout_filter_metric (`str`, `"std"`): the group score, on raw rewards: `std` or `variance`
-            of the in-group reward, `mean` reward, `entropy` (mean -log p of the sampled model
-            tokens), `length` (model tokens per episode); `none` keeps every group; `std_rev` is `std`
-            with `smallest`. RAGEN's current recommendation: `variance`, `top_p` 0.9 `linear`,
-            `rollout_filter_include_zero=False`.
+            `starpo_trl.algorithms.filters`), with `rollout_filter_ratio` as its value: `top_k` (that
+            share of groups, rounded up: the paper's rule), `top_k_abs` (that many groups), `top_p`
+            (`linear`: best first until the cumulative score reaches `ratio * sum - rollout_filter_eps`;
+            `softmax`: until the softmax mass reaches `ratio`), `min_p` (score >= `ratio` x the best).
+        rollout_filter_ratio (`float`, 0.25): the strategy's value. With `top_k`, 1.0 keeps all (plain GRPO).
+        rollout_filter_metric (`str`, `"std"`): the group score, on raw rewards: `std` or
+            `reward_variance` of the in-group reward, `mean` reward, `entropy` (mean -log p of the
+            sampled model tokens), `length` (model tokens per episode); `none` keeps every group;
+            `std_rev` is `std` with `smallest`. RAGEN's current recommendation: `reward_variance`,
+            `top_p` 0.9 `linear`, `rollout_filter_include_zero=False` (`recipes/sokoban-qwen2.5-0.5b-ragen2.yaml`).
         rollout_filter_type (`str`, `"largest"`): keep the highest scores, or the `smallest`.
         rollout_filter_include_zero (`bool`, True): False never keeps a zero-score group.
         rollout_filter_top_p_mode (`str`, `"linear"`) / rollout_filter_eps (`float`, 0.01): see `top_p`.
@@ -129,7 +128,8 @@ class StarPOConfig(GRPOConfig):
         divide) and each process pads its share with copies that hold no model token up to a
         multiple of `steps_per_generation`; the loss must then divide by the batch's token count
         (`loss_type` dapo, cispo or vespo; the default), so padding changes nothing. A step that keeps
-        nothing is skipped (`rollout/empty_after_filter`); `max_empty_steps` in a row stop training.
+        nothing is skipped (`rollout/empty_after_filter`).
+        rollout_filter_empty_stop_steps (`int`, 5): that many such steps in a row stop training.
 
         > Advantages and the critic
 
@@ -248,19 +248,20 @@ class StarPOConfig(GRPOConfig):
     )
 
     rollout_filter_ratio: float = field(
-        default=0.25, metadata={"help": "Share of groups kept by the variance filter."}
+        default=0.25, metadata={"help": "The filter's value: top_k share, top_k_abs count, top_p p, min_p fraction."}
     )
     rollout_filter_strategy: str = field(default="top_k", metadata={"help": "top_k, top_k_abs, top_p or min_p."})
-    rollout_filter_value: float | None = field(
-        default=None, metadata={"help": "top_k_abs count, top_p p or min_p fraction."}
-    )
     rollout_filter_metric: str = field(
-        default="std", metadata={"help": "Group score: std, variance, mean, entropy, length (or std_rev, none)."}
+        default="std",
+        metadata={"help": "Group score: std, reward_variance, mean, entropy, length (or std_rev, none)."},
     )
     rollout_filter_type: str = field(default="largest", metadata={"help": "Keep the largest or smallest scores."})
     rollout_filter_include_zero: bool = field(default=True, metadata={"help": "False never keeps zero-score groups."})
     rollout_filter_top_p_mode: str = field(default="linear", metadata={"help": "top_p mass: linear or softmax."})
     rollout_filter_eps: float = field(default=0.01, metadata={"help": "top_p linear: threshold slack."})
+    rollout_filter_empty_stop_steps: int = field(
+        default=5, metadata={"help": "Stop after this many steps in a row whose filter kept nothing."}
+    )
 
     advantage_estimator: str = field(default="grpo", metadata={"help": "grpo, rloo, gae, bilevel_gae or turn_gae."})
     gamma: float = field(default=1.0, metadata={"help": "Token-level GAE discount."})
@@ -411,11 +412,6 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(
                 f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}"
             )
-        if not 0.0 < self.rollout_filter_ratio <= 1.0:
-            raise ValueError(
-                f"rollout_filter_ratio={self.rollout_filter_ratio} keeps no group: use a value in (0, 1] "
-                "(0.25 keeps the top quarter of groups; 1.0 disables the filter)."
-            )
         self._check_filter_strategy()
         for name in (*EPISODE_BUDGETS, "num_start_states"):
             if getattr(self, name) < 1:
@@ -474,7 +470,7 @@ class StarPOConfig(GRPOConfig):
             self.loss_type = LOSS_AGGREGATION[self.loss_aggregation]
 
     def _check_filter_strategy(self) -> None:
-        strategy, value = self.rollout_filter_strategy, self.rollout_filter_value
+        strategy, value = self.rollout_filter_strategy, self.rollout_filter_ratio
         for name, allowed in (
             ("rollout_filter_strategy", STRATEGIES),
             ("rollout_filter_type", ("largest", "smallest")),
@@ -482,20 +478,19 @@ class StarPOConfig(GRPOConfig):
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if strategy == "top_k":
-            if value is not None:
+        if strategy == "top_k_abs":
+            if value < 1 or value != int(value):
                 raise ValueError(
-                    "top_k keeps the rollout_filter_ratio share of groups: set that, not rollout_filter_value."
+                    f"rollout_filter_ratio={value} with top_k_abs is the number of groups kept: use a whole number >= 1."
                 )
-            return
-        ranges = {
-            "top_k_abs": "a number of groups >= 1",
-            "top_p": "a share in (0, 1]",
-            "min_p": "a fraction in (0, 1]",
-        }
-        if value is None or (value < 1 or value != int(value) if strategy == "top_k_abs" else not 0 < value <= 1):
+        elif not 0.0 < value <= 1.0:
             raise ValueError(
-                f"rollout_filter_strategy={strategy!r} needs rollout_filter_value, {ranges[strategy]}; got {value}."
+                f"rollout_filter_ratio={value} keeps no group: with {strategy} use a value in (0, 1] "
+                "(top_k 0.25 keeps the top quarter of groups; 1.0 disables the filter)."
+            )
+        if self.rollout_filter_empty_stop_steps < 1:
+            raise ValueError(
+                f"rollout_filter_empty_stop_steps must be at least 1, got {self.rollout_filter_empty_stop_steps}"
             )
         uses_shares = (strategy == "top_p" and self.rollout_filter_top_p_mode == "linear") or strategy == "min_p"
         if uses_shares and self.rollout_filter_metric == "mean":
@@ -522,7 +517,7 @@ class StarPOConfig(GRPOConfig):
         if not self.rollout_filter_include_zero or self.rollout_filter_strategy in ("top_p", "min_p"):
             return None
         if self.rollout_filter_strategy == "top_k_abs":
-            return min(groups, int(self.rollout_filter_value))
+            return min(groups, int(self.rollout_filter_ratio))
         return num_kept_groups(groups, self.rollout_filter_ratio)
 
     def _check_batch_layout(self) -> None:

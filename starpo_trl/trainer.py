@@ -140,7 +140,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
         )
         self._vllm_backend = None
-        self.skip_update, self.empty_steps_in_a_row = False, 0
+        self.skip_update, self.empty_steps_in_a_row, self.filtered_out_in_a_row = False, 0, 0
         self.add_callback(_SkipEmptyUpdate(self))
         self.guard = self._build_guard() if args.collapse_guard != "off" else None
 
@@ -384,25 +384,29 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
     def _check_empty_step(self, empty: bool, filtered_out: bool = False) -> None:
         """A step with no model token to train on (every kept episode failed, or the filter kept no
-        group) is skipped: the optimizer does not step (``_SkipEmptyUpdate``); ``max_empty_steps`` of
-        them in a row stop training with an error that names the cause."""
+        group) is skipped: the optimizer does not step (``_SkipEmptyUpdate``). ``max_empty_steps`` such
+        steps in a row (``rollout_filter_empty_stop_steps`` where the filter kept nothing) stop training
+        with an error that names the cause."""
+        args: StarPOConfig = self.args
         self.skip_update = empty
         self._metrics["train"]["rollout/empty_step"].append(float(empty))
         self._metrics["train"]["rollout/empty_after_filter"].append(float(filtered_out))
-        self.empty_steps_in_a_row = self.empty_steps_in_a_row + 1 if empty else 0
-        if self.empty_steps_in_a_row >= self.args.max_empty_steps and filtered_out:
+        self.empty_steps_in_a_row = self.empty_steps_in_a_row + 1 if empty and not filtered_out else 0
+        self.filtered_out_in_a_row = self.filtered_out_in_a_row + 1 if filtered_out else 0
+        if self.filtered_out_in_a_row >= args.rollout_filter_empty_stop_steps:
             raise RuntimeError(
-                f"The rollout filter kept no group {self.empty_steps_in_a_row} steps in a row "
-                f"(rollout_filter_strategy={self.args.rollout_filter_strategy!r}, metric={self.args.rollout_filter_metric!r}, "
-                f"include_zero={self.args.rollout_filter_include_zero}): every group's score was zero or below the "
+                f"The rollout filter kept no group {self.filtered_out_in_a_row} steps in a row "
+                f"(rollout_filter_strategy={args.rollout_filter_strategy!r}, metric={args.rollout_filter_metric!r}, "
+                f"include_zero={args.rollout_filter_include_zero}): every group's score was zero or below the "
                 "threshold, so the policy gets no signal (collapsed, or the task is too hard or too easy). Set "
-                "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise max_empty_steps."
+                "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
+                "rollout_filter_empty_stop_steps."
             )
-        if self.empty_steps_in_a_row >= self.args.max_empty_steps:
+        if self.empty_steps_in_a_row >= args.max_empty_steps:
             raise RuntimeError(
                 f"{self.empty_steps_in_a_row} steps in a row had no model token to train on: every kept episode failed "
                 f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
-                f"({self.args.env_id}) or raise max_empty_steps."
+                f"({args.env_id}) or raise max_empty_steps."
             )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -430,6 +434,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                     {
                         "previous_thinks": getattr(self, "_previous_thinks", None),
                         "empty_steps_in_a_row": self.empty_steps_in_a_row,
+                        "filtered_out_in_a_row": self.filtered_out_in_a_row,
                     },
                     f,
                 )
@@ -446,6 +451,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 if state.get("previous_thinks") is not None:
                     self._previous_thinks = state["previous_thinks"]
                 self.empty_steps_in_a_row = int(state.get("empty_steps_in_a_row", 0))
+                self.filtered_out_in_a_row = int(state.get("filtered_out_in_a_row", 0))
 
     def load_critic(self, checkpoint: str) -> None:
         """Restore the critic (weights and optimizer) saved in ``checkpoint/value_model``, if any."""

@@ -63,3 +63,33 @@ def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
     table = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| `recipes/smollm2-cpu-x.yaml` | `starpo/Bandit-v0` | `starpo/BanditTest-v0` | sft" in table
     assert "0.500 -> 0.875 | 0.125 -> 0.000 | 3 | 30.0 |" in table
+
+
+def test_filter_strategies_table(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    runs = [
+        {
+            "strategy": s,
+            "seed": seed,
+            "final_success": f,
+            "kept_fraction_mean": k,
+            "empty_after_filter_steps": e,
+            "wall_seconds": 10.0,
+        }
+        for s, seed, f, k, e in [
+            ("a", 0, 0.5, 0.25, 0),
+            ("a", 1, 0.7, 0.25, 0),
+            ("b", 0, 0.4, 0.6, 2),
+            ("b", 1, 0.4, 0.5, 0),
+        ]
+    ]
+    summary = {"a": {"mean": 0.6, "spread": 0.2}, "b": {"mean": 0.4, "spread": 0.0}}
+    env = {"runs": runs, "summary": summary, "ordering": ["a", "b"], "png": "benchmarks/x.png"}
+    report.store("filter_strategies", {"per_env": {"starpo/FrozenLake-v0": env}, "strategies": {}, "seeds": [0, 1]})
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| `starpo/FrozenLake-v0` | a | 0.600 | 0.200 | 0.500, 0.700 | 0.25 | 0, 0 | 10 |" in text
+    assert "| `starpo/FrozenLake-v0` | b | 0.400 | 0.000 | 0.400, 0.400 | 0.55 | 2, 0 | 10 |" in text
+    assert "ordering by mean final success: a > b." in text

@@ -16,17 +16,18 @@ def test_config_errors_name_the_field(tmp_path):
         make_args(tmp_path, rollout_filter_metric="var")
     with pytest.raises(ValueError, match="rollout_filter_strategy"):
         make_args(tmp_path, rollout_filter_strategy="top_q")
-    with pytest.raises(ValueError, match="needs rollout_filter_value, a share in"):
-        make_args(tmp_path, rollout_filter_strategy="top_p")
-    with pytest.raises(ValueError, match="needs rollout_filter_value, a number of groups"):
-        make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_value=1.5)
-    with pytest.raises(ValueError, match="set that, not rollout_filter_value"):
-        make_args(tmp_path, rollout_filter_value=0.5)
+    with pytest.raises(ValueError, match="with top_p use a value in"):
+        make_args(tmp_path, rollout_filter_strategy="top_p", rollout_filter_ratio=1.5)
+    with pytest.raises(ValueError, match="top_k_abs is the number of groups kept"):
+        make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_ratio=1.5)
+    assert make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_ratio=3).fixed_kept_groups() == 3
+    with pytest.raises(ValueError, match="rollout_filter_empty_stop_steps"):
+        make_args(tmp_path, rollout_filter_empty_stop_steps=0)
     with pytest.raises(ValueError, match="mean rewards can be negative"):
-        make_args(tmp_path, rollout_filter_strategy="min_p", rollout_filter_value=0.5, rollout_filter_metric="mean")
+        make_args(tmp_path, rollout_filter_strategy="min_p", rollout_filter_ratio=0.5, rollout_filter_metric="mean")
     with pytest.raises(ValueError, match="padding would dilute"):  # a varying kept count needs a batch-token loss
         make_args(
-            tmp_path, rollout_filter_strategy="top_p", rollout_filter_value=0.9, loss_aggregation="seq-mean-token-mean"
+            tmp_path, rollout_filter_strategy="top_p", rollout_filter_ratio=0.9, loss_aggregation="seq-mean-token-mean"
         )
     with pytest.raises(ValueError, match="env_kwargs"):
         make_args(tmp_path, env_kwargs="{not json")
@@ -169,11 +170,11 @@ def test_a_varying_kept_count_is_padded_with_rows_that_hold_no_model_token(
         per_device_train_batch_size=2,
         gradient_accumulation_steps=4,
         rollout_filter_strategy="top_p",
-        rollout_filter_value=1.0,
-        rollout_filter_metric="variance",
+        rollout_filter_ratio=1.0,
+        rollout_filter_metric="reward_variance",
         rollout_filter_include_zero=False,
         max_steps=3,
-        max_empty_steps=2,
+        rollout_filter_empty_stop_steps=2,
         advantage_estimator=estimator,
     )
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, backend=backend)

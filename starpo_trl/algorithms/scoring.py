@@ -45,7 +45,7 @@ def filter_groups(
     kept = select_groups(
         group_scores(rewards, group_size, metric, entropies, lengths),
         strategy,
-        args.rollout_filter_ratio if strategy == "top_k" else args.rollout_filter_value,
+        args.rollout_filter_ratio,
         args.rollout_filter_include_zero,
         largest,
         args.rollout_filter_top_p_mode,

@@ -21,7 +21,7 @@ def test_group_scores_by_hand():
     std = group_scores(REWARDS, 3, "std")
     assert std.tolist() == pytest.approx([0.0, 1.0, math.sqrt(3), math.sqrt(1 / 3)])
     assert std[0].item() == 0.0  # a constant group is exactly zero
-    assert group_scores(REWARDS, 3, "variance").tolist() == pytest.approx([0.0, 1.0, 3.0, 1 / 3])
+    assert group_scores(REWARDS, 3, "reward_variance").tolist() == pytest.approx([0.0, 1.0, 3.0, 1 / 3])
     assert group_scores(REWARDS, 3, "mean").tolist() == pytest.approx([0.0, 1.0, 1.0, 4 / 3])
     lengths = torch.tensor([10, 20, 30, 1, 1, 1, 5, 5, 5, 0, 0, 9], dtype=torch.float32)
     assert group_scores(REWARDS, 3, "length", lengths=lengths).tolist() == pytest.approx([20, 1, 5, 3])
@@ -63,7 +63,7 @@ def test_ties_keep_the_earlier_group_and_failed_groups_rank_last():
 
 
 def test_top_p_linear_by_hand():
-    var = group_scores(REWARDS, 3, "variance")  # 0, 1, 3, 1/3: sorted 3, 1, 1/3, 0; sum 13/3
+    var = group_scores(REWARDS, 3, "reward_variance")  # 0, 1, 3, 1/3: sorted 3, 1, 1/3, 0; sum 13/3
     # threshold 0.9 * 13/3 - 0.01 = 3.89: 3 < 3.89, 3 + 1 = 4 >= 3.89 -> two groups
     assert select_groups(var, "top_p", 0.9, include_zero=False).tolist() == [2, 1]
     # 0.95 * 13/3 - 0.01 = 4.107: needs the third (4 + 1/3 = 4.33)
@@ -109,7 +109,6 @@ def args(**kw):
     base = dict(
         rollout_filter_strategy="top_k",
         rollout_filter_ratio=0.25,
-        rollout_filter_value=None,
         rollout_filter_metric="std",
         rollout_filter_type="largest",
         rollout_filter_include_zero=True,
@@ -126,7 +125,7 @@ def test_filter_groups_from_the_config_and_dealt_to_processes():
         0,
         3,
     ]
-    top_p = args(rollout_filter_strategy="top_p", rollout_filter_value=0.95, rollout_filter_metric="variance")
+    top_p = args(rollout_filter_strategy="top_p", rollout_filter_ratio=0.95, rollout_filter_metric="reward_variance")
     assert filter_groups(REWARDS, 3, top_p).tolist() == [1, 2, 3]
     # 3 groups of 3 rows = 9 rows do not divide between 2 processes: the lowest-ranked (3) is dropped
     assert filter_groups(REWARDS, 3, top_p, num_processes=2).tolist() == [1, 2]

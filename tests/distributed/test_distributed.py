@@ -125,7 +125,7 @@ def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
 def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     """GAE with a full critic on 2 processes: the critic moves, stays bit-identical across ranks (its AdamW
     state is sharded between them), is saved whole in the checkpoint, and a 2-process resume continues.
-    The filter is RAGEN's current one (variance, linear top_p 0.9, zero groups dropped), whose kept count
+    The filter is RAGEN's current one (reward variance, linear top_p 0.9, zero groups dropped), whose kept count
     varies by step: both ranks keep what the rule gives on the gathered batch, each pads its share."""
     import torch
     from safetensors.torch import load_file
@@ -140,10 +140,10 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
         "2",
         "--rollout_filter_strategy",
         "top_p",
-        "--rollout_filter_value",
+        "--rollout_filter_ratio",
         "0.9",
         "--rollout_filter_metric",
-        "variance",
+        "reward_variance",
         "--rollout_filter_include_zero",
         "false",
     ]
