@@ -153,10 +153,18 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
             raise ValueError(f"--{name} must be at least 1, got {settings[name]}")
     if a.batch_size < 1:
         raise ValueError(f"--batch_size must be at least 1, got {a.batch_size}")
-    from envs.contract import check_env_contract, check_env_id
+    from envs.contract import check_env_contract, check_env_id, env_name
 
-    check_env_id(settings["eval_env_id"], "--env_id")
-    check_env_contract(settings["eval_env_id"], settings["eval_env_kwargs"], "--env_id")
+    # the model's several held-out envs (eval_env_configs), unless --env_id / --env_kwargs pick one
+    configs = settings.get("eval_env_configs") if a.env_id is None and a.env_kwargs is None else None
+    settings["eval_envs"] = (
+        [(c["env_id"], dict(c.get("env_kwargs") or {}), c.get("name") or env_name(c["env_id"])) for c in configs]
+        if configs
+        else [(settings["eval_env_id"], settings["eval_env_kwargs"], env_name(settings["eval_env_id"]))]
+    )
+    for env_id, kwargs, _ in settings["eval_envs"]:
+        check_env_id(env_id, "--env_id")
+        check_env_contract(env_id, kwargs, "--env_id")
     if a.output:
         folder = os.path.dirname(os.path.abspath(a.output))
         if (
@@ -183,24 +191,29 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(a.model_name_or_path, dtype="auto")
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    metrics = evaluate(
-        model,
-        tokenizer,
-        s.eval_env_id,
-        s.eval_env_kwargs,
-        s.num_eval_episodes,
-        s.eval_seed_offset,
-        s.eval_temperature,
-        rollout_config(s),
-        a.batch_size,
-    )
-    result = {
-        "model": a.model_name_or_path,
-        **metrics,
-        "env_kwargs": s.eval_env_kwargs,
-        "seed_offset": s.eval_seed_offset,
-        "settings": {name: getattr(s, name) for name in ROLLOUT_SETTINGS},
+    per_env = {
+        name: evaluate(
+            model,
+            tokenizer,
+            env_id,
+            kwargs,
+            s.num_eval_episodes,
+            s.eval_seed_offset,
+            s.eval_temperature,
+            rollout_config(s),
+            a.batch_size,
+        )
+        for env_id, kwargs, name in s.eval_envs
     }
+    settings = {name: getattr(s, name) for name in ROLLOUT_SETTINGS}
+    if len(per_env) == 1:
+        metrics = next(iter(per_env.values()))
+        result = {"model": a.model_name_or_path, **metrics, "env_kwargs": s.eval_envs[0][1]}
+    else:  # one block (and one row of the output's per_env) per held-out env
+        metrics = {f"{name}/{k}": v for name, m in per_env.items() for k, v in m.items()}
+        metrics["env_errors"] = sum(m.get("env_errors", 0) for m in per_env.values())
+        result = {"model": a.model_name_or_path, "per_env": per_env}
+    result.update({"seed_offset": s.eval_seed_offset, "settings": settings})
     width = max(len(k) for k in metrics)
     print(
         "\n".join(

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
+from envs.contract import env_name
 from starpo_trl.algorithms import get_estimator, num_kept_groups
 from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
+from starpo_trl.env_configs import EnvConfig, group_envs, parse_env_configs, split_groups
 from starpo_trl.rollout import RolloutConfig
 from starpo_trl.rollout.shaping import ThinkShaping
 
@@ -26,6 +28,7 @@ ROLLOUT_SETTINGS = (
     "env_kwargs",
     "eval_env_id",
     "eval_env_kwargs",
+    "eval_env_configs",
     "eval_seed_offset",
     "num_eval_episodes",
     "eval_temperature",
@@ -69,6 +72,16 @@ class StarPOConfig(GRPOConfig):
         env_kwargs (`dict` or JSON `str`): kwargs for `gymnasium.make(env_id, ...)`.
         eval_env_id (`str` or `None`): env for held-out evaluation; defaults to `env_id`.
         eval_env_kwargs (`dict` or JSON `str`): kwargs for the eval env; default `env_kwargs`.
+        env_configs (`list` or JSON `str`, optional): several training envs in one run, instead of
+            `env_id`: `[{"env_id": ..., "env_kwargs": {...}, "n_groups": k, "name": ...}, ...]`; each step
+            holds `n_groups` start states of each (all set, adding up to `num_start_states`, or none:
+            an even split); metrics are per env, `env/<name>/...` (see `starpo_trl.env_configs`).
+        eval_env_configs (`list` or JSON `str`, optional): the held-out envs, one evaluation (and one
+            row of the model card) each. Default: `eval_env_id` / `eval_env_kwargs`, or with
+            `env_configs` (and no `eval_env_id`) every training env.
+        rollout_filter_scope (`str`, `"per_env"`): with several training envs the filter ranks the
+            groups of each env among themselves, its value applied per env (a quota: one env's
+            variance cannot starve another), or the whole batch together (`global`).
         num_start_states (`int`, default 8): start states (groups) per rollout step. Each is played
             `num_generations` times (default 16), so one step generates 128 trajectories.
         train_seed_offset / num_train_seeds: training start states use seeds
@@ -202,6 +215,15 @@ class StarPOConfig(GRPOConfig):
     eval_env_id: str | None = field(default=None, metadata={"help": "Env for held-out evaluation (default: env_id)."})
     eval_env_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Kwargs for the eval env (default: env_kwargs)."}
+    )
+    env_configs: list | str | None = field(
+        default=None, metadata={"help": "Several training envs: list of {env_id, env_kwargs, n_groups, name}."}
+    )
+    eval_env_configs: list | str | None = field(
+        default=None, metadata={"help": "Held-out envs: list of {env_id, env_kwargs, name} (default: eval_env_id)."}
+    )
+    rollout_filter_scope: str = field(
+        default="per_env", metadata={"help": "Several envs: filter per_env (a quota) or global."}
     )
     num_start_states: int = field(default=8, metadata={"help": "Start states (groups) per rollout step."})
     train_seed_offset: int = field(default=0, metadata={"help": "First training seed."})
@@ -377,11 +399,40 @@ class StarPOConfig(GRPOConfig):
                 raise ValueError(
                     f"{name} must be a JSON object of keyword arguments, e.g. '{{\"is_slippery\": false}}', got {value!r}"
                 )
+        if self.env_configs is not None:
+            if self.env_id is not None:
+                raise ValueError("Set env_id (one env) or env_configs (several), not both.")
+            configs = parse_env_configs(self.env_configs, "env_configs")
+            self.env_configs = [vars(c) for c in configs]
+            self.env_id, self.env_kwargs = configs[0].env_id, configs[0].env_kwargs  # the first: the guard watches it
         self.env_kwargs = dict(self.env_kwargs or {})
+        eval_given = self.eval_env_id is not None
         self.eval_env_kwargs = (
             dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
         )
         self.eval_env_id = self.eval_env_id or self.env_id
+        if self.eval_env_configs is not None:
+            self.eval_env_configs = [vars(c) for c in parse_env_configs(self.eval_env_configs, "eval_env_configs")]
+        elif self.env_configs is not None and not eval_given:
+            self.eval_env_configs = [{**c, "n_groups": None} for c in self.env_configs]
+        if self.rollout_filter_scope not in ("per_env", "global"):
+            raise ValueError(f"rollout_filter_scope must be 'per_env' or 'global', got {self.rollout_filter_scope!r}")
+
+    def train_envs(self) -> list[EnvConfig]:
+        """The training envs, one ``EnvConfig`` each (``env_id`` alone is a one-entry list)."""
+        if self.env_configs is None:
+            return [EnvConfig(self.env_id, dict(self.env_kwargs), None, env_name(self.env_id))]
+        return [EnvConfig(**c) for c in self.env_configs]
+
+    def eval_envs(self) -> list[EnvConfig]:
+        """The held-out envs, one evaluation each."""
+        if self.eval_env_configs is None:
+            return [EnvConfig(self.eval_env_id, dict(self.eval_env_kwargs), None, env_name(self.eval_env_id))]
+        return [EnvConfig(**c) for c in self.eval_env_configs]
+
+    def group_envs(self) -> list[EnvConfig]:
+        """The env of each group of a step (``num_start_states`` entries)."""
+        return group_envs(self.train_envs(), self.num_start_states)
 
     def _check_envs(self) -> None:
         """The env ids exist, their kwargs fit and the envs keep the text-env contract; env-call settings."""
@@ -392,6 +443,11 @@ class StarPOConfig(GRPOConfig):
             check_env_id(self.eval_env_id, "eval_env_id")
             check_env_contract(self.env_id, self.env_kwargs, "env_id")
             check_env_contract(self.eval_env_id, self.eval_env_kwargs, "eval_env_id")
+            for setting, configs in (("env_configs", self.env_configs), ("eval_env_configs", self.eval_env_configs)):
+                for i, c in enumerate(configs or []):
+                    check_env_id(c["env_id"], f"{setting}[{i}].env_id")
+                    check_env_contract(c["env_id"], c["env_kwargs"], f"{setting}[{i}]")
+            split_groups(self.train_envs(), self.num_start_states)
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
         from starpo_trl.rollout.env_runner import RUNNERS
@@ -516,9 +572,14 @@ class StarPOConfig(GRPOConfig):
             return groups
         if not self.rollout_filter_include_zero or self.rollout_filter_strategy in ("top_p", "min_p"):
             return None
+        per_env = (
+            split_groups(self.train_envs(), groups)
+            if self.env_configs is not None and self.rollout_filter_scope == "per_env"
+            else [groups]
+        )
         if self.rollout_filter_strategy == "top_k_abs":
-            return min(groups, int(self.rollout_filter_ratio))
-        return num_kept_groups(groups, self.rollout_filter_ratio)
+            return sum(min(n, int(self.rollout_filter_ratio)) for n in per_env)
+        return sum(num_kept_groups(n, self.rollout_filter_ratio) for n in per_env)
 
     def _check_batch_layout(self) -> None:
         """The kept trajectories of a step can be dealt to the processes in equal micro-batches."""

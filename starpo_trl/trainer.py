@@ -34,6 +34,7 @@ from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
 from starpo_trl.algorithms.value_model import explained_variance
 from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
+from starpo_trl.env_configs import EnvConfig
 from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
 from starpo_trl.monitoring.metrics import (
     critic_metrics,
@@ -134,6 +135,10 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
         self.evaluation_results: dict[str, dict] = {}  # name -> held-out metrics, shown in the model card
         self.recipe = recipe  # the recipe text, shown in the model card
+        self.group_envs = args.group_envs()  # the env of each group of a step
+        envs = args.train_envs()
+        self.group_env_index = [envs.index(env) for env in self.group_envs]
+        self._named_envs = envs + args.eval_envs()
         self.critic = build_critic(self.accelerator.unwrap_model(self.model), args, self.accelerator, value_model)
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(
@@ -198,9 +203,23 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress
             )
 
-    def _starts(self, seeds, env_id, env_kwargs) -> list[StartState]:
-        kwargs = tuple(sorted(env_kwargs.items()))
-        return [StartState(env_id, int(seed), kwargs) for seed in seeds]
+    def _starts(self, seeds, env: EnvConfig) -> list[StartState]:
+        return [StartState(env.env_id, int(seed), env.key[1]) for seed in seeds]
+
+    def _env_name(self, episode: Episode) -> str:
+        """The name an episode's metrics are logged under (its env config's ``name``)."""
+        start = episode.start
+        for env in self._named_envs:
+            if env.env_id == start.env_id and env.key[1] == start.env_kwargs:
+                return env.name
+        return env_name(start.env_id)
+
+    def _train_starts(self, seeds) -> list[StartState]:
+        """This process's start states: its groups' seeds, each in its group's env (``env_configs``)."""
+        group = self.num_generations
+        first = self.accelerator.process_index * (len(seeds) // group)  # groups are dealt to processes in order
+        envs = [self.group_envs[first + i // group] for i in range(len(seeds))]
+        return [StartState(env.env_id, int(seed), env.key[1]) for seed, env in zip(seeds, envs)]
 
     # -- the one overridden GRPO hook -----------------------------------------------------------------
     def _gather_episodes(self, local: list[Episode]) -> list[Episode]:
@@ -218,7 +237,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         group = self.num_generations
-        starts = self._starts([x["seed"] for x in inputs], args.env_id, args.env_kwargs)
+        starts = self._train_starts([x["seed"] for x in inputs])
         # Each process plays its share; filtering, normalisation and group advantages then run on the
         # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
         rollout = self.play(starts, self.temperature)
@@ -233,6 +252,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.scale_rewards,
             *episode_filter_values(episodes, args.rollout_filter_metric),
             num_processes=self.accelerator.num_processes,
+            group_env=self.group_env_index,
         )
         rewards, kept_groups, keep, kept_rewards = scored.rewards, scored.kept_groups, scored.keep, scored.kept_rewards
         # this process's rows of the kept batch
@@ -501,7 +521,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             rewards,
             group,
             num_kept_groups,
-            env_name(self.args.env_id),
+            self._env_name,
             timings,
             self.args.enable_think,
             getattr(self, "_previous_thinks", None),
@@ -541,15 +561,20 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         # in calls of eval_rollout_batch_size episodes (memory grows with episodes x history); every
         # process makes the same number of calls, as a collective backend needs
         per_call = args.eval_rollout_batch_size
-        local = []
-        for k in range(math.ceil(math.ceil(n / self.accelerator.num_processes) / per_call)):
-            starts = self._starts(mine[k * per_call : (k + 1) * per_call], args.eval_env_id, args.eval_env_kwargs)
-            local += self.play(starts, args.eval_temperature)
-        episodes = self._gather_episodes(local)
+        metrics, all_episodes = {}, []
+        envs = args.eval_envs()
+        for env in envs:
+            local = []
+            for k in range(math.ceil(math.ceil(n / self.accelerator.num_processes) / per_call)):
+                local += self.play(self._starts(mine[k * per_call : (k + 1) * per_call], env), args.eval_temperature)
+            episodes = self._gather_episodes(local)
+            all_episodes += episodes
+            if len(envs) > 1:  # one row block per eval env; the unprefixed metrics are over all of them
+                metrics.update({f"{env.name}/{k}": v for k, v in episode_metrics(episodes).items()})
         if was_training:
             self.model.train()
-        self.last_eval_episodes = episodes
-        metrics = episode_metrics(episodes)
+        self.last_eval_episodes = all_episodes
+        metrics = {**episode_metrics(all_episodes), **metrics}
         if name is not None:
             self.evaluation_results[name] = metrics
         return metrics

@@ -161,20 +161,34 @@ def warm_start_from_config(model, tokenizer, run_args, args, output_dir: str | N
     """The warm start a run's settings ask for (``RunArguments.warm_start_*``, the env and episode
     settings of the ``StarPOConfig``), on the training seeds; SFT output under ``output_dir``
     (default ``args.output_dir/warm_start``). Returns the model."""
+    from datasets import concatenate_datasets
+
     from starpo_trl.config import rollout_config
+    from starpo_trl.env_configs import split_groups
     from starpo_trl.models import eos_token_ids
 
-    seeds = range(args.train_seed_offset, args.train_seed_offset + run_args.warm_start_episodes)
-    demos = demonstrations(
-        tokenizer,
-        eos_token_ids(tokenizer, model.generation_config.eos_token_id),
-        args.env_id,
-        args.env_kwargs,
-        seeds,
-        run_args.warm_start_noise,
-        rollout_config(args),
-        run_args.warm_start_actions_per_turn,
-        seed=args.seed,
+    # several training envs (env_configs): the demonstrations are split between them as the start states are
+    envs = args.train_envs()
+    shares = split_groups(envs, args.num_start_states)
+    counts = [run_args.warm_start_episodes * n // sum(shares) for n in shares]
+    counts[0] += run_args.warm_start_episodes - sum(counts)
+    eos = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
+    demos = concatenate_datasets(
+        [
+            demonstrations(
+                tokenizer,
+                eos,
+                env.env_id,
+                env.env_kwargs,
+                range(args.train_seed_offset, args.train_seed_offset + count),
+                run_args.warm_start_noise,
+                rollout_config(args),
+                run_args.warm_start_actions_per_turn,
+                seed=args.seed + i,
+            )
+            for i, (env, count) in enumerate(zip(envs, counts))
+            if count
+        ]
     )
     return warm_start(
         model,

@@ -85,3 +85,13 @@ def test_shell_snippets_name_what_exists(code):
             assert all(a.lstrip("-") in known for a in argv[::2] if a.startswith("--") and a != "--config"), argv
         if "evaluate.py" in words:
             evaluate.parser().parse_args(words[words.index("evaluate.py") + 1 :])
+
+
+@pytest.mark.parametrize("code", list(blocks("yaml")))
+def test_yaml_snippets_are_accepted_settings(code, tmp_path):
+    """A YAML block of settings is what StarPOConfig accepts (the checks that run before any model loads)."""
+    import yaml
+
+    from starpo_trl import StarPOConfig
+
+    StarPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **yaml.safe_load(code))

@@ -3,6 +3,7 @@ and the loss, as a pure function."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,26 +32,39 @@ def filter_groups(
     entropies: torch.Tensor | None = None,
     lengths: torch.Tensor | None = None,
     num_processes: int = 1,
+    group_env: list[int] | None = None,
 ) -> torch.Tensor:
     """The groups the rollout filter keeps (sorted indices; may be empty), by the ``rollout_filter_*``
-    settings of ``args``. Under several processes the lowest-ranked kept groups are dropped until the
-    kept rows divide evenly among them."""
+    settings of ``args``. ``group_env`` (one env index per group) with ``rollout_filter_scope="per_env"``
+    applies the strategy within each env's groups (a quota per env). Under several processes the
+    lowest-scored kept groups are dropped until the kept rows divide evenly among them."""
     num_groups = rewards.numel() // group_size
     metric, largest = args.rollout_filter_metric, args.rollout_filter_type == "largest"
     if metric == "none":
         return torch.arange(num_groups)
     if metric == "std_rev":
         metric, largest = "std", False
-    strategy = args.rollout_filter_strategy
-    kept = select_groups(
-        group_scores(rewards, group_size, metric, entropies, lengths),
-        strategy,
-        args.rollout_filter_ratio,
-        args.rollout_filter_include_zero,
-        largest,
-        args.rollout_filter_top_p_mode,
-        args.rollout_filter_eps,
-    )
+    scores = group_scores(rewards, group_size, metric, entropies, lengths)
+
+    def select(subset: torch.Tensor) -> torch.Tensor:
+        kept = select_groups(
+            scores[subset],
+            args.rollout_filter_strategy,
+            args.rollout_filter_ratio,
+            args.rollout_filter_include_zero,
+            largest,
+            args.rollout_filter_top_p_mode,
+            args.rollout_filter_eps,
+        )
+        return subset[kept]
+
+    envs = torch.tensor(group_env if group_env is not None else [0] * num_groups)
+    if args.rollout_filter_scope == "per_env" and len(envs.unique()) > 1:
+        kept = torch.cat([select(torch.nonzero(envs == e).flatten()) for e in envs.unique()])
+        key = torch.nan_to_num(scores[kept] if largest else -scores[kept], nan=-math.inf)
+        kept = kept[torch.sort(-key, stable=True).indices]  # best first over the envs, for the trimming below
+    else:
+        kept = select(torch.arange(num_groups))
     while len(kept) * group_size % num_processes:
         kept = kept[:-1]
     return torch.sort(kept).values
@@ -65,6 +79,7 @@ def score_rollout(
     entropies: list[float] | None = None,
     lengths: list[int] | None = None,
     num_processes: int = 1,
+    group_env: list[int] | None = None,
 ) -> Scored:
     """Failed episodes are left out (NaN: out of their group's statistics, advantage 0) or given
     ``env_failure_reward`` (``env_error_policy``); the rollout filter ranks the groups on the RAW
@@ -80,6 +95,7 @@ def score_rollout(
         None if entropies is None else torch.tensor(entropies, dtype=torch.float32),
         None if lengths is None else torch.tensor(lengths, dtype=torch.float32),
         num_processes,
+        group_env,
     )
     keep = expand_groups(kept_groups, group_size)
     kept_rewards = normalize_rewards(rewards[keep], group_size, args.reward_normalization, args.reward_norm_scope)

@@ -6,6 +6,7 @@ Logged keys that other parts read back are named in ``starpo_trl.monitoring.keys
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ def rollout_metrics(
     rewards: torch.Tensor,
     group_size: int,
     num_kept_groups: int,
-    env: str,
+    env: str | Callable[[Episode], str],
     timings: dict[str, float],
     think: bool = True,
     previous_thinks: list[str] | None = None,
@@ -68,11 +69,23 @@ def rollout_metrics(
     """Every metric of one training rollout by its logged key, and the rollout's reasoning texts
     (the next rollout's ``previous_thinks``, for the echo-trap similarity).
 
-    ``episodes`` is the whole gathered batch, ``rewards`` their (NaN for excluded) rewards,
-    ``timings`` this process's seconds generating and in env calls (``Rollout.timings``).
+    ``episodes`` is the whole gathered batch (whole groups, in order), ``rewards`` their (NaN for
+    excluded) rewards, ``env`` the name its ``env/<name>/...`` metrics go under, or a function giving
+    each episode's (several envs in one run: a block of metrics per env), ``timings`` this process's
+    seconds generating and in env calls (``Rollout.timings``).
     """
-    stats = episode_metrics(episodes, group_size)
-    out = {f"env/{env}/{key}": value for key, value in stats.items()}
+    names = [env(ep) for ep in episodes] if callable(env) else [env] * len(episodes)
+    out: dict[str, float] = {}
+    zero_std = []
+    for name in dict.fromkeys(names):  # in order of appearance
+        rows = [i for i, n in enumerate(names) if n == name]
+        stats = episode_metrics([episodes[i] for i in rows], group_size)
+        out.update({f"env/{name}/{key}": value for key, value in stats.items()})
+        zero_std.append((stats.get("frac_zero_std_groups", 0.0), len(rows)))
+        # how much of the return variance a critic could explain from the start state
+        share = between_group_share(rewards[rows], group_size)
+        if not math.isnan(share):
+            out[f"env/{name}/reward_between_group_share"] = share
     thinks: list[str] = []
     if think:  # echo-trap indicators on the decoded reasoning
         texts = [parse_reply(m["content"]).think for ep in episodes for m in ep.messages if m["role"] == "assistant"]
@@ -80,18 +93,13 @@ def rollout_metrics(
         thinks = [t for t in texts if t]
         if shaping:
             out["reasoning/shaping_reward"] = sum(ep.shaping_reward for ep in episodes) / len(episodes)
-    share = between_group_share(
-        rewards, group_size
-    )  # how much of the return variance a critic could explain from the start state
-    if not math.isnan(share):
-        out[f"env/{env}/reward_between_group_share"] = share
     model_tokens = [sum(ep.env_mask) for ep in episodes]
     out.update(
         {
             "env/errors": float(sum(ep.env_error is not None for ep in episodes)),
             "reward": torch.nanmean(rewards).item(),
             "reward_std": nanstd(rewards, dim=0).item(),
-            "frac_reward_zero_std": stats.get("frac_zero_std_groups", 0.0),
+            "frac_reward_zero_std": sum(f * n for f, n in zero_std) / len(episodes),
             "rollout/kept_fraction": num_kept_groups * group_size / len(episodes),
             "completions/mean_length": sum(model_tokens) / len(model_tokens),
             "rollout/generate_seconds": timings["generate"],

@@ -114,6 +114,7 @@ def args(**kw):
         rollout_filter_include_zero=True,
         rollout_filter_top_p_mode="linear",
         rollout_filter_eps=0.01,
+        rollout_filter_scope="per_env",
     )
     return SimpleNamespace(**{**base, **kw})
 
@@ -147,3 +148,31 @@ def test_padding_and_episode_filter_values():
     assert episode_filter_values([ep, empty], "length") == (None, [3, 0])
     entropies, _ = episode_filter_values([ep, empty], "entropy")
     assert entropies[0] == pytest.approx(1.0) and math.isnan(entropies[1])  # (0.5 + 1 + 1.5) / 3 model tokens
+
+
+def test_per_env_quota_and_global_ranking_by_hand():
+    # groups of 3 with stds 0, 1, sqrt(3), sqrt(1/3) (REWARDS); env 0 holds groups 2 and 3, env 1 groups 0 and 1
+    envs = [1, 1, 0, 0]
+    quarter = args(rollout_filter_ratio=0.25)
+    # globally the top quarter is group 2 alone; a quota keeps ceil(0.25 * 2) = 1 group of each env
+    assert filter_groups(
+        REWARDS, 3, args(rollout_filter_ratio=0.25, rollout_filter_scope="global"), group_env=envs
+    ).tolist() == [2]
+    assert filter_groups(REWARDS, 3, quarter, group_env=envs).tolist() == [1, 2]
+    # stds rank the groups 2, 1, 3, 0: globally the top half is groups 2 and 1
+    assert filter_groups(
+        REWARDS, 3, args(rollout_filter_ratio=0.5, rollout_filter_scope="global"), group_env=envs
+    ).tolist() == [1, 2]
+    # per env with include_zero=False: env 1 keeps only group 1 (group 0 has std 0), env 0 both of its groups
+    no_zero = args(rollout_filter_ratio=1.0, rollout_filter_include_zero=False)
+    assert filter_groups(REWARDS, 3, no_zero, group_env=envs).tolist() == [1, 2, 3]
+    # 9 rows do not divide between 2 processes: the lowest-scored kept group over both envs (3) is dropped
+    assert filter_groups(REWARDS, 3, no_zero, group_env=envs, num_processes=2).tolist() == [1, 2]
+    # linear top_p per env: env 1 has variances 0, 1 -> group 1; env 0 has 3, 1/3: 0.9 * 10/3 - 0.01 = 2.99 -> group 2
+    top_p = args(
+        rollout_filter_strategy="top_p",
+        rollout_filter_ratio=0.9,
+        rollout_filter_metric="reward_variance",
+        rollout_filter_include_zero=False,
+    )
+    assert filter_groups(REWARDS, 3, top_p, group_env=envs).tolist() == [1, 2]

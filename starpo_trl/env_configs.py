@@ -1,0 +1,85 @@
+"""Several envs in one run: the ``env_configs`` / ``eval_env_configs`` settings of ``StarPOConfig``.
+
+An env config is ``{"env_id": ..., "env_kwargs": {...}, "n_groups": k, "name": ...}``: ``n_groups``
+(training only) start states of each step come from that env (every entry sets it, or none does and
+the start states are split evenly); ``name`` (default: the env id without its namespace, e.g.
+``Sokoban-v0``) keys its metrics, ``env/<name>/...``, and must differ between entries. A run with
+one env is the one-entry case of the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from envs.contract import env_name
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    env_id: str
+    env_kwargs: dict = field(default_factory=dict)
+    n_groups: int | None = None
+    name: str = ""
+
+    @property
+    def key(self) -> tuple[str, tuple]:
+        """What a ``StartState`` carries: (env_id, sorted kwargs)."""
+        return self.env_id, tuple(sorted(self.env_kwargs.items()))
+
+
+def parse_env_configs(value, setting: str) -> list[EnvConfig]:
+    """A list of env-config dicts (or its JSON string) as ``EnvConfig``s, each checked for its keys."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{setting} must be a list of env configs or its JSON string: {err}") from None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(
+            f'{setting} must be a non-empty list such as [{{"env_id": "starpo/Bandit-v0", "n_groups": 4}}]'
+        )
+    out = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict) or "env_id" not in entry:
+            raise ValueError(f"{setting}[{i}] must be a dict with an env_id, got {entry!r}")
+        unknown = set(entry) - {"env_id", "env_kwargs", "n_groups", "name"}
+        if unknown:
+            raise ValueError(
+                f"{setting}[{i}] has unknown keys {sorted(unknown)}: use env_id, env_kwargs, n_groups, name"
+            )
+        kwargs = entry.get("env_kwargs") or {}
+        if isinstance(kwargs, str):
+            kwargs = json.loads(kwargs)
+        n = entry.get("n_groups")
+        if n is not None and (not isinstance(n, int) or n < 1):
+            raise ValueError(f"{setting}[{i}].n_groups must be a whole number >= 1, got {n!r}")
+        out.append(EnvConfig(entry["env_id"], dict(kwargs), n, entry.get("name") or env_name(entry["env_id"])))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{setting} names its envs {names}: give entries with the same env_id distinct 'name's")
+    return out
+
+
+def split_groups(configs: list[EnvConfig], num_start_states: int) -> list[int]:
+    """How many start states of each step each training env gets."""
+    given = [c.n_groups for c in configs]
+    if all(n is None for n in given):
+        if num_start_states % len(configs):
+            raise ValueError(
+                f"num_start_states={num_start_states} does not split evenly between {len(configs)} envs: "
+                "set n_groups on every entry of env_configs, or a multiple of the number of envs."
+            )
+        return [num_start_states // len(configs)] * len(configs)
+    if any(n is None for n in given):
+        raise ValueError("Set n_groups on every entry of env_configs, or on none (an even split).")
+    if sum(given) != num_start_states:
+        raise ValueError(
+            f"env_configs' n_groups add up to {sum(given)} but num_start_states={num_start_states}: make them agree."
+        )
+    return given
+
+
+def group_envs(configs: list[EnvConfig], num_start_states: int) -> list[EnvConfig]:
+    """The env of each of a step's groups, in order: the first env's groups first."""
+    return [c for c, n in zip(configs, split_groups(configs, num_start_states)) for _ in range(n)]
