@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test lint format bench bench-learning bench-collapse bench-whitening bench-real clean
+.PHONY: install model train test lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,9 @@ bench: $(STAMP)
 
 bench-learning: $(STAMP)
 	$(PY) benchmarks/learning.py
+
+bench-multienv: $(STAMP)
+	$(PY) benchmarks/multi_env.py
 
 bench-collapse: $(STAMP)
 	$(PY) benchmarks/collapse.py

@@ -101,6 +101,24 @@ def write(results: dict) -> None:
             + ".",
             "",
         ]
+    if "multi_env" in results:
+        r = results["multi_env"]
+        lines += [
+            f"## Several envs in one run (`python benchmarks/multi_env.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"One policy trained on every env of `{r['recipe']}` at once next to one policy per env, each run with the "
+            f"same warm-start demonstrations, steps ({r['max_steps']}) and episodes per step; held-out success on "
+            f"{r['episodes']} episodes of each eval env. Wall time: multi-env run {r['multi_env_wall_seconds']:.0f} s.",
+            "",
+            "| trained on | evaluated on | one policy for all envs | one policy per env | single-env wall s |",
+            "|---|---|---|---|---|",
+        ]
+        for x in r["rows"]:
+            lines.append(
+                f"| `{x['train_env']}` | `{x['eval_env']}` | {x['multi_env_success']:.3f} | {x['single_env_success']:.3f} | "
+                f"{x['single_env_wall_seconds']:.0f} |"
+            )
+        lines.append("")
     if "filter_strategies" in results:
         r = results["filter_strategies"]
         lines += [

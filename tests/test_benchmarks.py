@@ -93,3 +93,28 @@ def test_filter_strategies_table(tmp_path, monkeypatch):
     assert "| `starpo/FrozenLake-v0` | a | 0.600 | 0.200 | 0.500, 0.700 | 0.25 | 0, 0 | 10 |" in text
     assert "| `starpo/FrozenLake-v0` | b | 0.400 | 0.000 | 0.400, 0.400 | 0.55 | 2, 0 | 10 |" in text
     assert "ordering by mean final success: a > b." in text
+
+
+def test_multi_env_table(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    row = {
+        "train_env": "starpo/Bandit-v0",
+        "eval_env": "starpo/BanditTest-v0",
+        "multi_env_success": 0.8,
+        "single_env_success": 0.9,
+        "single_env_wall_seconds": 61.0,
+    }
+    section = {
+        "recipe": "recipes/x.yaml",
+        "rows": [row],
+        "multi_env_wall_seconds": 200.0,
+        "max_steps": 60,
+        "episodes": 256,
+    }
+    report.store("multi_env", section)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| `starpo/Bandit-v0` | `starpo/BanditTest-v0` | 0.800 | 0.900 | 61 |" in text
+    assert "multi-env run 200 s" in text
