@@ -43,6 +43,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/env_speed.py
+	$(PY) benchmarks/env_concurrency.py
 	$(PY) benchmarks/speed.py
 	$(PY) benchmarks/critic_memory.py
 

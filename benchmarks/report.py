@@ -101,6 +101,29 @@ def write(results: dict) -> None:
             + ".",
             "",
         ]
+    if "env_concurrency" in results:
+        r = results["env_concurrency"]
+        lines += [
+            f"## Stepping a turn's episodes (`python benchmarks/env_concurrency.py`, {r['machine']}, {r['measured_at']})",
+            "",
+            f"{r['episodes']} episodes of an env whose step waits {r['step_latency_s'] * 1000:.0f} ms, one turn (reset + step) "
+            "through the episode engine; best of 3.",
+            "",
+            "| env_runner | turn wall s | x one step's latency |",
+            "|---|---|---|",
+            f"| inline (one after another) | {r['sequential_turn_s']:.3f} | {r['sequential_turn_s'] / r['step_latency_s']:.1f} |",
+            f"| threads | {r['concurrent_turn_s']:.3f} | {r['concurrent_over_latency']:.1f} |",
+            f"| processes | {r['processes_turn_s']:.3f} | {r['processes_turn_s'] / r['step_latency_s']:.1f} |",
+            "",
+            f"Target (threads <= 3x one step's latency): **{'met' if r['target_met'] else 'missed'}**. "
+            f"In-process steps/s on threads: {r['inprocess_steps_per_s']:.0f}; through an OpenEnv server: "
+            + (
+                "not measured (no OpenEnv adapter yet)."
+                if r["openenv_steps_per_s"] is None
+                else f"{r['openenv_steps_per_s']:.0f}."
+            ),
+            "",
+        ]
     if "multi_env" in results:
         r = results["multi_env"]
         lines += [

@@ -17,6 +17,9 @@
 ================================  ===============================================================
 
 Any of them: ``gymnasium.make("starpo/Sokoban-v0", dim_room=(8, 8), num_boxes=2)``.
+
+Not a task, and so not in ``ENV_IDS``: ``starpo/Sleepy-v0`` (``envs.sleepy``), whose ``step`` waits
+``latency`` seconds, stands in for a slow env when measuring how a turn's episodes are stepped.
 """
 
 from gymnasium.envs.registration import register, registry
@@ -48,5 +51,8 @@ for _id, (_entry, _kwargs) in ENV_IDS.items():
         # No TimeLimit/OrderEnforcing wrappers: each env counts its own steps, and the episode
         # engine drives reset/step itself.
         register(id=_id, entry_point=_entry, kwargs=_kwargs, disable_env_checker=True, order_enforce=False)
+
+if "starpo/Sleepy-v0" not in registry:
+    register(id="starpo/Sleepy-v0", entry_point="envs.sleepy:SleepyEnv", disable_env_checker=True, order_enforce=False)
 
 __all__ = ["ENV_IDS", "TextEnv", "noisy_expert_action"]

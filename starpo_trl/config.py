@@ -192,9 +192,18 @@ class StarPOConfig(GRPOConfig):
         collapse_guard_diversity_fraction (`float`, 0.5) / collapse_guard_diversity_floor (`float`,
             0.0: off): warn when smoothed distinct-2 of the think texts falls below this fraction of
             its early level, or below this absolute floor.
+        collapse_guard_retrieval_fraction (`float`, 0.5) / collapse_guard_retrieval_warmup (`int`, 3):
+            warn when the smoothed retrieval accuracy of the MI metrics falls below this fraction of
+            the mean of its first values (needs `mi_metrics_every`).
         collapse_guard_patience (`int`, 2): logs in a row a rule must hold.
         collapse_guard_snapshot_steps (`int`, 5): with `stop`/`rollback`, keep a CPU copy of the
             trained weights every this many healthy steps (the "last healthy" state).
+
+        mi_metrics_every (`int`, 10): every this many steps, the mutual-information collapse metrics
+            (`collapse/mi_estimate`, `collapse/conditional_entropy`, `collapse/reasoning_entropy`,
+            `collapse/retrieval_accuracy`, `collapse/mi_zscore`, see `starpo_trl.monitoring.mutual_info`)
+            on `mi_metrics_inputs` start states x `mi_metrics_per_input` reasonings of the rollout
+            (`mi_metrics_turn`: each episode's `first` turn or a `uniform` one); 0 turns them off.
 
         > Reasoning-aware reward shaping (off by default)
 
@@ -339,7 +348,19 @@ class StarPOConfig(GRPOConfig):
     collapse_guard_diversity_floor: float = field(
         default=0.0, metadata={"help": "Warn when smoothed distinct-2 of think texts falls below (0: off)."}
     )
+    collapse_guard_retrieval_fraction: float = field(
+        default=0.5, metadata={"help": "Warn below this fraction of the early MI retrieval accuracy."}
+    )
+    collapse_guard_retrieval_warmup: int = field(
+        default=3, metadata={"help": "MI logs that define the retrieval accuracy's early level."}
+    )
     collapse_guard_patience: int = field(default=2, metadata={"help": "Logs in a row a rule must hold to warn."})
+    mi_metrics_every: int = field(
+        default=10, metadata={"help": "Mutual-information collapse metrics every this many steps (0: off)."}
+    )
+    mi_metrics_turn: str = field(default="first", metadata={"help": "MI pairs from the first turn or a uniform one."})
+    mi_metrics_inputs: int = field(default=8, metadata={"help": "Start states (inputs) in the MI sample."})
+    mi_metrics_per_input: int = field(default=2, metadata={"help": "Reasonings per input in the MI sample."})
     collapse_guard_snapshot_steps: int = field(
         default=5, metadata={"help": "Healthy steps between CPU snapshots (stop/rollback)."}
     )
@@ -469,6 +490,14 @@ class StarPOConfig(GRPOConfig):
                 f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}"
             )
         self._check_filter_strategy()
+        if self.mi_metrics_turn not in ("first", "uniform"):
+            raise ValueError(f"mi_metrics_turn must be 'first' or 'uniform', got {self.mi_metrics_turn!r}")
+        for name in ("mi_metrics_every",):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        for name in ("mi_metrics_inputs", "mi_metrics_per_input"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in (*EPISODE_BUDGETS, "num_start_states"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

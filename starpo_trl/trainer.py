@@ -43,6 +43,7 @@ from starpo_trl.monitoring.metrics import (
     sample_rows,
 )
 from starpo_trl.monitoring.model_card import render_model_card
+from starpo_trl.monitoring.mutual_info import EMANormalizer, mi_from_sample, mi_sample
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
@@ -65,7 +66,24 @@ def start_state_dataset(args: StarPOConfig) -> Dataset:
     )
 
 
-RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
+RUN_STATE_FILE = "starpo_state.json"
+# the MI statistics logged as collapse/<key> (first: the one whose running z-score is logged too)
+MI_KEYS = (
+    "mi_estimate",
+    "conditional_entropy",
+    "reasoning_entropy",
+    "mi_upper_bound",
+    "retrieval_accuracy",
+    "retrieval_chance",
+    "mi_zscore",
+    "mi_estimate_per_token",
+    "conditional_entropy_per_token",
+    "reasoning_entropy_per_token",
+    "retrieval_accuracy_per_token",
+    "mi_zscore_per_token",
+    "num_inputs",
+    "num_reasonings",
+)  # in each checkpoint: the trainer's own state between steps
 
 
 class _SkipEmptyUpdate(TrainerCallback):
@@ -148,6 +166,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.skip_update, self.empty_steps_in_a_row, self.filtered_out_in_a_row = False, 0, 0
         self.add_callback(_SkipEmptyUpdate(self))
         self.guard = self._build_guard() if args.collapse_guard != "off" else None
+        self._mi_normalizer = EMANormalizer()
 
     def _build_adapter_sync(self):
         """Adapter-only LoRA sync to a colocated vLLM engine (refused where the adapter is sharded)."""
@@ -242,6 +261,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
         rollout = self.play(starts, self.temperature)
         episodes = self._gather_episodes(rollout)
+        if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
+            self._log_mutual_information(rollout)
 
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         scored = score_rollout(
@@ -316,6 +337,40 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             mode, episodes, kept, rewards, row_advantages[: len(kept)], len(kept_groups), keep, rollout.timings
         )
         return batch
+
+    def _log_mutual_information(self, local: list[Episode]) -> None:
+        """The MI collapse metrics (``starpo_trl.monitoring.mutual_info``) on this process's episodes, averaged
+        over processes; every process makes the same number of forward passes (sharded weights gather)."""
+        args: StarPOConfig = self.args
+        generator = torch.Generator().manual_seed(args.seed * 7919 + self.state.global_step)
+        sample = mi_sample(
+            local,
+            self._tokenizer,
+            self.num_generations,
+            args.mi_metrics_inputs,
+            args.mi_metrics_per_input,
+            args.mi_metrics_turn,
+            generator,
+        )
+        batch = args.per_device_train_batch_size
+        batches = torch.tensor(-(-len(sample[0]) * len(sample[1]) // batch), device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            batches = self.accelerator.gather(batches).max()
+        was_training = self.model.training
+        self.model.eval()
+        stats = mi_from_sample(self.model, sample, self._tokenizer.pad_token_id, batch, self.temperature, int(batches))
+        if was_training:
+            self.model.train()
+        values = torch.tensor([stats.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64, device=batches.device)
+        if self.accelerator.num_processes > 1:
+            values = self.accelerator.gather(values[None]).nanmean(dim=0)
+        for key, value in zip(MI_KEYS, values.tolist()):
+            if math.isfinite(value):
+                self._metrics["train"][f"collapse/{key}"].append(value)
+        if math.isfinite(values[0]):  # the MI estimate against its own running level
+            z = self._mi_normalizer(float(values[0]))
+            if math.isfinite(z):
+                self._metrics["train"]["collapse/mi_zscore_ema"].append(z)
 
     @torch.no_grad()
     def _old_and_ref_logps(self, batch, input_ids, attention_mask, logits_to_keep, loss_mask) -> None:

@@ -17,7 +17,12 @@ Rules (each on a smoothed series; "early level" = mean of the first ``warmup_ste
 - ``diversity``: distinct-2 of the think texts below ``diversity_fraction`` x its early level or
   below the absolute ``diversity_floor`` (skipped on steps without any think text). Reasoning
   that was templated from the start (e.g. after SFT on templated demos) is not a collapse, so the
-  absolute floor is off (0.0) by default.
+  absolute floor is off (0.0) by default;
+- ``retrieval``: the share of sampled reasonings that their own input explains best
+  (``collapse/retrieval_accuracy``, see ``starpo_trl.monitoring.mutual_info``; logged every
+  ``mi_metrics_every`` steps) below ``retrieval_fraction`` x its early level, the mean of its first
+  ``retrieval_warmup`` values: the reasoning stopped depending on the input, which entropy and
+  reward std can miss.
 
 A rule must hold ``patience`` logs in a row to warn. The guard warns once per rule and run.
 """
@@ -47,6 +52,8 @@ class GuardRules:
     grad_norm_spike: float = 5.0
     diversity_fraction: float = 0.5
     diversity_floor: float = 0.0
+    retrieval_fraction: float = 0.5
+    retrieval_warmup: int = 3
     patience: int = 2
 
 
@@ -64,16 +71,19 @@ class CollapseMonitor:
     value at this log; missing or non-finite signals are skipped.
     """
 
-    SIGNALS = ("reward_std", "entropy", "grad_norm", "diversity")
+    SIGNALS = ("reward_std", "entropy", "grad_norm", "diversity", "retrieval")
 
     def __init__(self, rules: GuardRules | None = None):
         self.rules = rules or GuardRules()
         self.series = {name: _Series() for name in self.SIGNALS}
         self.fired: set[str] = set()
 
+    def _warmup(self, name: str) -> int:
+        return self.rules.retrieval_warmup if name == "retrieval" else self.rules.warmup_steps
+
     def early_level(self, name: str) -> float | None:
         early = self.series[name].early
-        return sum(early) / len(early) if len(early) >= self.rules.warmup_steps else None
+        return sum(early) / len(early) if len(early) >= self._warmup(name) else None
 
     def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
         r, s = self.rules, self.series[name]
@@ -86,7 +96,9 @@ class CollapseMonitor:
         early = self.early_level(name)
         if name == "diversity":
             return early is not None and s.ema < max(r.diversity_floor, r.diversity_fraction * early)
-        fraction = r.reward_std_fraction if name == "reward_std" else r.entropy_fraction
+        fraction = {"reward_std": r.reward_std_fraction, "retrieval": r.retrieval_fraction}.get(
+            name, r.entropy_fraction
+        )
         return early is not None and early > 0 and s.ema < fraction * early
 
     def update(self, step: int, values: dict[str, float]) -> list[str]:
@@ -98,7 +110,7 @@ class CollapseMonitor:
             s = self.series[name]
             previous = s.ema
             s.ema = value if s.ema is None else self.rules.smoothing * value + (1 - self.rules.smoothing) * s.ema
-            if len(s.early) < self.rules.warmup_steps:
+            if len(s.early) < self._warmup(name):
                 s.early.append(value)
                 continue
             s.below = s.below + 1 if self._holds(name, value, previous) else 0
@@ -124,6 +136,7 @@ def signals_from_logs(logs: dict, env_name: str) -> dict[str, float]:
         "entropy": keys.ENTROPY,
         "grad_norm": keys.GRAD_NORM,
         "diversity": keys.DISTINCT_2,
+        "retrieval": keys.RETRIEVAL_ACCURACY,
     }
     values = {name: float(logs[key]) for name, key in logged.items() if key in logs and logs[key] is not None}
     if not logs.get(keys.REASONING_RATE):  # no think text this step: diversity is undefined, not low

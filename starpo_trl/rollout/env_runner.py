@@ -186,6 +186,10 @@ class EnvRunner:
             )
         self.mode, self.timeout, self.max_workers = mode, timeout, max_workers
         self._idle: list[_Worker] = []
+        self._pool: ThreadPoolExecutor | None = (
+            None  # kept across turns: starting 64 threads each turn costs more than a fast env's step
+        )
+        self._pool_size = 0
         self._lock = threading.Lock()
         self._context = None
         if mode == "processes":
@@ -207,11 +211,18 @@ class EnvRunner:
         """``[fn(x) for x in items]``, concurrently unless ``inline``; ``fn`` handles its own errors."""
         if self.mode == "inline" or len(items) <= 1:
             return [fn(x) for x in items]
-        with ThreadPoolExecutor(max_workers=self.max_workers or len(items)) as pool:
-            return list(pool.map(fn, items))
+        workers = self.max_workers or len(items)
+        if self._pool is None or self._pool_size < workers:  # grows to the largest turn seen
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool, self._pool_size = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env"), workers
+        return list(self._pool.map(fn, items))
 
     def close(self) -> None:
-        """Stop the idle worker processes (busy ones were killed or returned already)."""
+        """Stop the idle worker processes (busy ones were killed or returned already) and the thread pool."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool, self._pool_size = None, 0
         with self._lock:
             idle, self._idle = self._idle, []
         for worker in idle:

@@ -20,6 +20,7 @@ def test_score_rollout_by_hand():
         rollout_filter_include_zero=True,
         rollout_filter_top_p_mode="linear",
         rollout_filter_eps=0.01,
+        rollout_filter_scope="per_env",
         reward_normalization="identity",
         reward_norm_scope="group",
         advantage_estimator="grpo",

@@ -1,0 +1,225 @@
+"""Does the reasoning still depend on the input? Mutual-information collapse metrics.
+
+Entropy and in-group reward std can stay flat while the reasoning turns into one template that
+fits every input. This module measures that directly on a sample of (input, reasoning) pairs of a
+rollout: X is everything the model saw before its reasoning (the prompt, earlier turns, and the
+``<think>`` tag itself), Z the reasoning tokens (between the tags, neither tag included). Each
+sampled reasoning ``z_i`` is scored under every distinct input ``x_j`` of the sample by teacher
+forcing, ``l_j(z_i) = log p(z_i | x_j)``, and from that matrix (``mi_statistics``):
+
+- ``conditional_entropy`` H(Z|X) = -mean_i l_{x(i)}(z_i) (the reasoning's own input);
+- ``reasoning_entropy`` H(Z) = -mean_i log((1/N) sum_j exp l_j(z_i)) (the inputs as a uniform mixture);
+- ``mi_estimate`` I(X;Z) = H(Z) - H(Z|X), at most log N (``mi_upper_bound``) for N distinct inputs;
+- ``retrieval_accuracy``: the share of reasonings whose own input scores them highest (chance 1/N);
+- ``mi_zscore``: per reasoning, how many standard deviations its own input's score lies above the
+  other inputs' scores, averaged.
+
+All in nats per reasoning (sums over its tokens); ``*_per_token`` divides each score by the
+reasoning's length first. A policy whose reasoning ignores its input has I = 0, retrieval at chance
+and z-score 0, whatever its entropy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from starpo_trl.rollout import Episode
+
+
+def mi_statistics(cross: torch.Tensor, own: torch.Tensor) -> dict[str, float]:
+    """The MI quantities from ``cross`` (Nz, Nx): ``cross[i, j] = log p(z_i | x_j)``, and ``own`` (Nz,):
+    the index of each reasoning's own input."""
+    cross = cross.double()
+    nz, nx = cross.shape
+    rows = torch.arange(nz)
+    matched = cross[rows, own]
+    marginal = torch.logsumexp(cross, dim=1) - math.log(nx)
+    out = {
+        "conditional_entropy": -matched.mean().item(),
+        "reasoning_entropy": -marginal.mean().item(),
+        "mi_estimate": (matched - marginal).mean().item(),
+        "mi_upper_bound": math.log(nx),
+        "retrieval_accuracy": (cross.argmax(dim=1) == own).double().mean().item(),
+        "retrieval_chance": 1.0 / nx,
+    }
+    if nx > 2:  # the other inputs' scores need a spread
+        others = cross.masked_fill(torch.nn.functional.one_hot(own, nx).bool(), float("nan"))
+        mean = others.nanmean(dim=1)
+        std = ((others - mean[:, None]) ** 2).nanmean(dim=1).mul(nx - 1).div(nx - 2).sqrt()
+        z = (matched - mean) / std
+        out["mi_zscore"] = z[torch.isfinite(z)].mean().item() if torch.isfinite(z).any() else float("nan")
+    return out
+
+
+def reasoning_span(tokenizer, reply: list[int]) -> tuple[int, int] | None:
+    """Token indices ``[start, end)`` of the reasoning inside one reply's tokens: the tokens after the
+    one that completes ``<think>`` and before the one that starts ``</think>``. None when the reply
+    has no closed, non-empty think block. Tokens are located by decoding prefixes, so a token that
+    straddles a tag belongs to X (opening) or is left out (closing)."""
+    text = tokenizer.decode(reply, skip_special_tokens=False)
+    open_at = text.find("<think>")
+    close_at = text.find("</think>", open_at + 1) if open_at >= 0 else -1
+    if open_at < 0 or close_at < 0:
+        return None
+    start = end = None
+    for k in range(1, len(reply) + 1):
+        length = len(tokenizer.decode(reply[:k], skip_special_tokens=False))
+        if start is None and length >= open_at + len("<think>"):
+            start = k
+        if length <= close_at:
+            end = k
+    if start is None or end is None or end <= start:
+        return None
+    return start, end
+
+
+def reasoning_pairs(
+    episodes: list[Episode], tokenizer, turn: str = "first", generator: torch.Generator | None = None
+) -> list[tuple[list[int], list[int]]]:
+    """(X, Z) token lists, one per episode with a reasoning at the chosen turn: ``first`` (each episode's
+    first reply) or ``uniform`` (one of its replies drawn uniformly). X holds the prompt, the earlier
+    turns with their env tokens, and the reply's tokens up to and including ``<think>``."""
+    pairs = []
+    for ep in episodes:
+        mask = ep.env_mask
+        turns, start = [], None
+        for t, m in enumerate(mask + [0]):  # runs of model tokens are the replies
+            if m and start is None:
+                start = t
+            elif not m and start is not None:
+                turns.append((start, t))
+                start = None
+        if not turns:
+            continue
+        k = 0 if turn == "first" else int(torch.randint(len(turns), (1,), generator=generator))
+        a, b = turns[k]
+        span = reasoning_span(tokenizer, ep.completion_ids[a:b])
+        if span is None:
+            continue
+        x = ep.prompt_ids + ep.completion_ids[: a + span[0]]
+        z = ep.completion_ids[a + span[0] : a + span[1]]
+        pairs.append((x, z))
+    return pairs
+
+
+@torch.no_grad()
+def cross_logprobs(
+    model,
+    inputs: list[list[int]],
+    reasonings: list[list[int]],
+    pad_token_id: int,
+    batch_size: int = 16,
+    temperature: float = 1.0,
+    num_batches: int = 0,
+) -> torch.Tensor:
+    """``out[i, j] = sum_t log p(z_i[t] | x_j, z_i[:t])`` under ``model`` (logits / ``temperature``), by teacher
+    forcing every (x_j, z_i) concatenation, ``batch_size`` at a time (right-padded). (Nz, Nx), float32.
+    At least ``num_batches`` forward passes are made (the extra ones on a two-token stand-in): where the
+    weights are sharded (ZeRO-3, FSDP) every process must make the same number."""
+    device = next(model.parameters()).device
+    jobs = [(i, j) for i in range(len(reasonings)) for j in range(len(inputs))]
+    out = torch.empty(len(reasonings), len(inputs))
+    for b in range(0, max(len(jobs), num_batches * batch_size), batch_size):
+        chunk = jobs[b : b + batch_size]
+        seqs = [inputs[j] + reasonings[i] for i, j in chunk] or [[pad_token_id, pad_token_id]]
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, seq in enumerate(seqs):
+            ids[r, : len(seq)] = torch.tensor(seq)
+            attention[r, : len(seq)] = 1
+        logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits.float()
+        logps = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
+        logps = logps.gather(-1, ids[:, 1:, None].to(device))[..., 0]
+        for r, (i, j) in enumerate(chunk):
+            first = len(inputs[j]) - 1  # the logit at position t predicts token t + 1
+            out[i, j] = logps[r, first : first + len(reasonings[i])].sum().cpu()
+    return out
+
+
+def mi_sample(
+    episodes: list[Episode],
+    tokenizer,
+    group_size: int,
+    max_inputs: int = 8,
+    per_input: int = 2,
+    turn: str = "first",
+    generator: torch.Generator | None = None,
+) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The (input, reasoning) sample of a rollout (episodes grouped by start state, ``group_size``
+    each): up to ``max_inputs`` groups, ``per_input`` episodes of each. Returns the distinct inputs,
+    the reasonings and each reasoning's input index (with ``turn="first"`` a group's copies share
+    their input; identical inputs are merged wherever they come from)."""
+    xs, zs, own, index = [], [], [], {}
+    groups = [episodes[g : g + group_size] for g in range(0, len(episodes), group_size)][:max_inputs]
+    for group in groups:
+        for x, z in reasoning_pairs(group, tokenizer, turn, generator)[:per_input]:
+            if tuple(x) not in index:
+                index[tuple(x)] = len(xs)
+                xs.append(x)
+            zs.append(z)
+            own.append(index[tuple(x)])
+    return xs, zs, own
+
+
+def mi_from_sample(
+    model,
+    sample: tuple[list[list[int]], list[list[int]], list[int]],
+    pad_token_id: int,
+    batch_size: int = 16,
+    temperature: float = 1.0,
+    num_batches: int = 0,
+) -> dict[str, float]:
+    """``mi_statistics`` (per reasoning and ``*_per_token``) of a ``mi_sample``; empty when it holds
+    fewer than two inputs (the forward passes ``num_batches`` asks for are still made)."""
+    xs, zs, own = sample
+    if len(xs) < 2:
+        xs, zs = [], []
+    cross = cross_logprobs(model, xs, zs, pad_token_id, batch_size, temperature, num_batches)
+    if not xs:
+        return {}
+    own_t = torch.tensor(own)
+    out = mi_statistics(cross, own_t)
+    lengths = torch.tensor([len(z) for z in zs], dtype=torch.float32)[:, None]
+    per_token = mi_statistics(cross / lengths, own_t)
+    out.update({f"{k}_per_token": v for k, v in per_token.items() if k not in ("mi_upper_bound", "retrieval_chance")})
+    out["num_inputs"], out["num_reasonings"] = float(len(xs)), float(len(zs))
+    return out
+
+
+def mi_metrics(
+    model,
+    episodes: list[Episode],
+    tokenizer,
+    group_size: int,
+    max_inputs: int = 8,
+    per_input: int = 2,
+    turn: str = "first",
+    batch_size: int = 16,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """``mi_from_sample`` of ``mi_sample``, on one process."""
+    sample = mi_sample(episodes, tokenizer, group_size, max_inputs, per_input, turn, generator)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return mi_from_sample(model, sample, pad, batch_size, temperature)
+
+
+class EMANormalizer:
+    """``(x - EMA mean) / EMA std`` of a series (the MI estimate over steps); NaN until two values are seen."""
+
+    def __init__(self, weight: float = 0.1):
+        self.weight, self.mean, self.var, self.count = weight, 0.0, 0.0, 0
+
+    def __call__(self, x: float) -> float:
+        z = (x - self.mean) / math.sqrt(self.var) if self.count >= 2 and self.var > 0 else float("nan")
+        if self.count == 0:
+            self.mean = x
+        else:
+            delta = x - self.mean
+            self.mean += self.weight * delta
+            self.var = (1 - self.weight) * (self.var + self.weight * delta * delta)
+        self.count += 1
+        return z

@@ -1,0 +1,174 @@
+"""Mutual-information collapse metrics: the quantities on hand-made probabilities, the reasoning
+spans to the token, the cross log-probabilities against single forward passes, and the guard rule."""
+
+import math
+
+import pytest
+import torch
+
+from starpo_trl.monitoring.mutual_info import (
+    EMANormalizer,
+    cross_logprobs,
+    mi_metrics,
+    mi_statistics,
+    reasoning_pairs,
+    reasoning_span,
+)
+from starpo_trl.rollout.engine import Episode, StartState
+
+
+def test_two_inputs_with_known_probabilities():
+    # p(z_i | x_j): each reasoning is 4x likelier under its own input
+    cross = torch.tensor([[0.8, 0.2], [0.2, 0.8]]).log()
+    out = mi_statistics(cross, torch.tensor([0, 1]))
+    assert out["conditional_entropy"] == pytest.approx(-math.log(0.8))  # 0.2231
+    assert out["reasoning_entropy"] == pytest.approx(math.log(2))  # p(z_i) = (0.8 + 0.2) / 2 = 0.5
+    assert out["mi_estimate"] == pytest.approx(math.log(2) + math.log(0.8))  # 0.4700 <= log 2
+    assert out["mi_upper_bound"] == pytest.approx(math.log(2))
+    assert out["retrieval_accuracy"] == 1.0 and out["retrieval_chance"] == 0.5
+    assert "mi_zscore" not in out  # one other input: no spread to compare against
+
+
+def test_three_inputs_by_hand():
+    cross = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.1, 0.3, 0.4]]).log()
+    out = mi_statistics(cross, torch.tensor([0, 1, 2]))
+    # H(Z|X) = -(ln .5 + ln .6 + ln .4) / 3; p(z) = 1/3, 1/3, 0.8/3
+    assert out["conditional_entropy"] == pytest.approx(0.706754512)
+    assert out["reasoning_entropy"] == pytest.approx(1.172993472)
+    assert out["mi_estimate"] == pytest.approx(0.466238960)
+    assert out["retrieval_accuracy"] == 1.0
+    # z: (ln .5 - mean(ln .3, ln .2)) / std(ln .3, ln .2) = 2.4888; then 1.5994 and 1.0774
+    assert out["mi_zscore"] == pytest.approx(1.721871134)
+    # reasonings that ignore their input: every input scores them alike -> no information
+    flat = mi_statistics(torch.tensor([[0.3, 0.3, 0.3], [0.6, 0.6, 0.6]]).log(), torch.tensor([2, 1]))
+    assert flat["mi_estimate"] == pytest.approx(0.0, abs=1e-12)
+    assert flat["conditional_entropy"] == pytest.approx(flat["reasoning_entropy"])
+    # a reasoning scored higher under another input than its own: retrieval misses it
+    assert mi_statistics(cross, torch.tensor([0, 1, 0]))["retrieval_accuracy"] == pytest.approx(2 / 3)
+
+
+def test_reasoning_span_decodes_to_the_think_text(tiny_tokenizer):
+    text = "<think>go left twice</think> <answer>Left</answer>"
+    ids = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    start, end = reasoning_span(tiny_tokenizer, ids)
+    assert tiny_tokenizer.decode(ids[start:end]) == "go left twice"
+    assert tiny_tokenizer.decode(ids[:start]) == "<think>"
+    assert reasoning_span(tiny_tokenizer, tiny_tokenizer("<answer>Left</answer>")["input_ids"]) is None
+    assert reasoning_span(tiny_tokenizer, tiny_tokenizer("<think></think>")["input_ids"]) is None
+    assert reasoning_span(tiny_tokenizer, tiny_tokenizer("<think>unclosed")["input_ids"]) is None
+
+
+def _episode(tok, prompt, replies, env_texts):
+    """An episode whose completion alternates reply tokens (mask 1) and env tokens (mask 0)."""
+    ids, mask = [], []
+    for reply, env in zip(replies, env_texts):
+        r = tok(reply, add_special_tokens=False)["input_ids"]
+        e = tok(env, add_special_tokens=False)["input_ids"] if env else []
+        ids += r + e
+        mask += [1] * len(r) + [0] * len(e)
+    return Episode(StartState("starpo/Bandit-v0", 0), tok(prompt, add_special_tokens=False)["input_ids"], ids, mask)
+
+
+def test_pairs_take_the_chosen_turn(tiny_tokenizer):
+    tok = tiny_tokenizer
+    ep = _episode(
+        tok, "P:", ["<think>a b</think><answer>Up</answer>", "<think>c d</think><answer>Down</answer>"], [" ok ", ""]
+    )
+    ((x, z),) = reasoning_pairs([ep], tok, "first")
+    assert tok.decode(z) == "a b" and tok.decode(x) == "P:<think>"
+    draws = {
+        tok.decode(reasoning_pairs([ep], tok, "uniform", torch.Generator().manual_seed(s))[0][1]) for s in range(20)
+    }
+    assert draws == {"a b", "c d"}  # both turns get drawn
+    later = [p for s in range(20) for p in reasoning_pairs([ep], tok, "uniform", torch.Generator().manual_seed(s))]
+    x2 = next(x for x, z in later if tok.decode(z) == "c d")
+    assert tok.decode(x2) == "P:<think>a b</think><answer>Up</answer> ok <think>"  # the history, env tokens included
+
+
+def test_cross_logprobs_equal_single_forward_passes(tiny_tokenizer, fresh_model):
+    tok = tiny_tokenizer
+    xs = [
+        tok("first input <think>", add_special_tokens=False)["input_ids"],
+        tok("x2 <think>", add_special_tokens=False)["input_ids"],
+    ]
+    zs = [
+        tok("go", add_special_tokens=False)["input_ids"],
+        tok("turn right now", add_special_tokens=False)["input_ids"],
+        tok("a", add_special_tokens=False)["input_ids"],
+    ]
+    cross = cross_logprobs(fresh_model, xs, zs, tok.pad_token_id, batch_size=4, temperature=0.7)
+    for i, z in enumerate(zs):
+        for j, x in enumerate(xs):
+            ids = torch.tensor([x + z])
+            logits = fresh_model(ids).logits[0, :-1].float() / 0.7
+            want = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[len(x) - 1 :].sum()
+            assert cross[i, j].item() == pytest.approx(want.item(), abs=1e-4)
+
+
+def test_mi_metrics_on_a_rollout(tiny_tokenizer, fresh_model):
+    tok = tiny_tokenizer
+    episodes = [
+        _episode(tok, f"state {g}:", [f"<think>plan {g} {k}</think><answer>Up</answer>"], [""])
+        for g in range(3)
+        for k in range(2)
+    ]
+    out = mi_metrics(fresh_model, episodes, tok, group_size=2, max_inputs=3, per_input=2)
+    assert out["num_inputs"] == 3 and out["num_reasonings"] == 6  # a group's copies share their first-turn input
+    assert out["mi_upper_bound"] == pytest.approx(math.log(3)) and out["retrieval_chance"] == pytest.approx(1 / 3)
+    assert 0 <= out["retrieval_accuracy"] <= 1 and out["mi_estimate"] <= math.log(3) + 1e-9
+    assert math.isfinite(out["mi_estimate_per_token"])
+    assert mi_metrics(fresh_model, episodes[:2], tok, group_size=2) == {}  # one input: nothing to compare
+
+
+def test_ema_normalizer():
+    ema = EMANormalizer(weight=0.5)
+    assert math.isnan(ema(1.0)) and math.isnan(ema(3.0))  # mean 2, var 0.5 * (0 + 0.5 * 4) = 1
+    assert ema(4.0) == pytest.approx(2.0)  # (4 - 2) / 1
+
+
+def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tokenizer, fresh_model):
+    from conftest import ScriptedBackend
+    from helpers import make_args
+
+    from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.monitoring.guard import signals_from_logs
+
+    # a reasoning of its own for each start state (group of 4)
+    backend = ScriptedBackend(
+        tiny_tokenizer,
+        lambda call, i: f"<think>arm {i // 4} first</think><answer>Dragon</answer>",
+        tiny_tokenizer.eos_token_id,
+    )
+    # FrozenLake: every seed is its own lake, so 4 start states are 4 distinct inputs
+    args = make_args(tmp_path, env_id="starpo/FrozenLake-v0", mi_metrics_every=2, max_steps=3, logging_steps=1)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, backend=backend)
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "collapse/mi_estimate" in row]
+    assert [row["step"] for row in rows] == [1, 3]  # computed at global steps 0 and 2, logged with them
+    row = rows[0]
+    assert row["collapse/num_inputs"] == 4 and row["collapse/num_reasonings"] == 8  # 4 start states x 2
+    assert row["collapse/mi_upper_bound"] == pytest.approx(math.log(4)) and row["collapse/retrieval_chance"] == 0.25
+    assert 0 <= row["collapse/retrieval_accuracy"] <= 1 and row["collapse/mi_estimate"] <= math.log(4) + 1e-9
+    assert row["collapse/conditional_entropy"] > 0 and math.isfinite(row["collapse/mi_zscore"])
+    assert signals_from_logs(row, "Bandit-v0")["retrieval"] == row["collapse/retrieval_accuracy"]
+    with pytest.raises(ValueError, match="mi_metrics_turn"):
+        make_args(tmp_path, mi_metrics_turn="last")
+
+
+def test_guard_warns_when_retrieval_falls():
+    from starpo_trl.monitoring.guard import CollapseMonitor, GuardRules
+
+    monitor = CollapseMonitor(GuardRules(smoothing=1.0, retrieval_fraction=0.5, retrieval_warmup=3, patience=2))
+    fired = [monitor.update(step, {"retrieval": v}) for step, v in enumerate([0.9, 0.8, 1.0, 0.6, 0.44, 0.4, 0.1])]
+    # early level 0.9: 0.6 holds nothing, 0.44 and 0.4 fall below 0.45 -> fires on the second in a row, once
+    assert fired == [[], [], [], [], [], ["retrieval"], []]
+
+
+def test_identical_inputs_are_one_input(tiny_tokenizer):
+    tok = tiny_tokenizer
+    episodes = [_episode(tok, "same:", [f"<think>r{k}</think><answer>Up</answer>"], [""]) for k in range(4)]
+    episodes += [_episode(tok, "other:", ["<think>q</think><answer>Up</answer>"], [""]) for _ in range(2)]
+    from starpo_trl.monitoring.mutual_info import mi_sample
+
+    xs, zs, own = mi_sample(episodes, tok, group_size=2, max_inputs=3, per_input=2)
+    assert len(xs) == 2 and own == [0, 0, 0, 0, 1, 1]  # the first two groups share their prompt
