@@ -154,6 +154,8 @@ def main(replay: bool = False) -> None:
             "guard_steps": [e["step"] for e in events],
             "early_success": round(early, 4),
             "success_halved_step": halved,
+            "retrieval_first_step": next((e["step"] for e in events if "retrieval" in e["rules"]), None),
+            "mi_overhead": mi_overhead(history),
             "wall_seconds": report["wall_seconds"],
             "png": str(png.relative_to(ROOT)),
         }
@@ -179,6 +181,19 @@ def main(replay: bool = False) -> None:
             ),
         },
     )
+
+
+def mi_overhead(history: list[dict]) -> float | None:
+    """The MI pass's share of training time: its mean seconds, once per ``mi_metrics_every`` steps, over
+    the mean step time (None when the run logged no MI pass)."""
+    from learning import parse
+
+    mi = [r["collapse/mi_seconds"] for r in history if "collapse/mi_seconds" in r]
+    steps = [r["step_time"] for r in history if "step_time" in r]
+    if not mi or not steps:
+        return None
+    every = parse("demo-cpu-frozenlake.yaml")[1].mi_metrics_every
+    return round(sum(mi) / len(mi) / every / (sum(steps) / len(steps)), 4)
 
 
 def crash_rows(history: list[dict]) -> list[tuple[int, float]]:

@@ -250,6 +250,15 @@ def write(results: dict) -> None:
             f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
             f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}",
             f"- first rollout of the collapse run with train success 0: step {r.get('success_crash_step')}",
+        ]
+        for name, x in r["runs"].items():
+            if x.get("mi_overhead") is not None:
+                lines.append(
+                    f"- {name}: the MI rule (retrieval accuracy) first fired at step {x['retrieval_first_step'] or 'never'} "
+                    f"(success halved: {x['success_halved_step'] or 'never'}); the MI pass cost "
+                    f"{100 * x['mi_overhead']:.1f}% of the step time at the default `mi_metrics_every`"
+                )
+        lines += [
             "",
             "Read with care: the events are the guard's rules with the shipped defaults run over the logged histories "
             "(identical to the live guard in `warn` mode), and those defaults (drop to 0.4 of the early level; two grad-norm "

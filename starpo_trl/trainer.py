@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from contextlib import nullcontext
 
 import torch
@@ -358,9 +359,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             batches = self.accelerator.gather(batches).max()
         was_training = self.model.training
         self.model.eval()
+        started = time.perf_counter()
         stats = mi_from_sample(self.model, sample, self._tokenizer.pad_token_id, batch, self.temperature, int(batches))
         if was_training:
             self.model.train()
+        self._metrics["train"]["collapse/mi_seconds"].append(time.perf_counter() - started)
         values = torch.tensor([stats.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64, device=batches.device)
         if self.accelerator.num_processes > 1:
             values = self.accelerator.gather(values[None]).nanmean(dim=0)

@@ -150,6 +150,7 @@ def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tok
     assert row["collapse/mi_upper_bound"] == pytest.approx(math.log(4)) and row["collapse/retrieval_chance"] == 0.25
     assert 0 <= row["collapse/retrieval_accuracy"] <= 1 and row["collapse/mi_estimate"] <= math.log(4) + 1e-9
     assert row["collapse/conditional_entropy"] > 0 and math.isfinite(row["collapse/mi_zscore"])
+    assert row["collapse/mi_seconds"] > 0  # what benchmarks/collapse.py reports as the MI pass's overhead
     assert signals_from_logs(row, "Bandit-v0")["retrieval"] == row["collapse/retrieval_accuracy"]
     with pytest.raises(ValueError, match="mi_metrics_turn"):
         make_args(tmp_path, mi_metrics_turn="last")
