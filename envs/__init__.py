@@ -14,6 +14,7 @@
 ``starpo/Arithmetic-v0``     generated math questions (``envs.arithmetic``)
 ``starpo/Taxi-v0``           Gymnasium's Taxi as text (``envs.toy_text``)
 ``starpo/CliffWalking-v0``   Gymnasium's CliffWalking as text (``envs.toy_text``)
+``starpo/ReasoningGym-v0``   any reasoning-gym dataset, its scorer as reward (``envs.reasoning_gym_env``)
 ================================  ===============================================================
 
 Any of them: ``gymnasium.make("starpo/Sokoban-v0", dim_room=(8, 8), num_boxes=2)``.
@@ -44,6 +45,7 @@ ENV_IDS: dict[str, tuple[str, dict]] = {
     "starpo/Arithmetic-v0": ("envs.arithmetic:ArithmeticEnv", {}),
     "starpo/Taxi-v0": ("envs.toy_text:taxi", {}),
     "starpo/CliffWalking-v0": ("envs.toy_text:cliff_walking", {}),
+    "starpo/ReasoningGym-v0": ("envs.reasoning_gym_env:ReasoningGymEnv", {}),
 }
 
 for _id, (_entry, _kwargs) in ENV_IDS.items():

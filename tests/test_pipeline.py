@@ -69,7 +69,8 @@ def test_recipes_parse(recipe):
     config.pop("use_cpu", None)
     parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
     run_args, args, model_args, _ = parser.parse_dict(config)
-    assert args.env_id == config["env_id"] and model_args.model_name_or_path == config["model_name_or_path"]
+    first = config["env_id"] if "env_id" in config else config["env_configs"][0]["env_id"]  # several envs: the first
+    assert args.env_id == first and model_args.model_name_or_path == config["model_name_or_path"]
 
 
 def test_train_and_evaluate_cli_end_to_end(tmp_path):
