@@ -5,9 +5,10 @@
 64 episodes of `starpo/Sleepy-v0` (every step waits 50 ms: a slow env, such as one behind a
 server) play one turn through the episode engine (a backend that answers at once), with
 `env_runner` `inline` (one after another), `threads` and `processes` (concurrently); the turn's
-wall time against one step's latency. Target: concurrent <= 3x one step's latency. Also the
-in-process steps per second of the same env on threads. `openenv_steps_per_s` stays null until
-the OpenEnv adapter exists. Into results.json "env_concurrency" and BENCHMARKS.md.
+wall time against one step's latency. Target: concurrent <= 3x one step's latency. Then env steps
+per second of 64 Sokoban episodes (5 turns, one action each, threads) played in-process vs through
+an OpenEnv server on 127.0.0.1 (`python -m envs.serve`, one session per episode).
+Into results.json "env_concurrency" and BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -57,6 +58,35 @@ def turn_seconds(runner: str, episodes: int = EPISODES, latency: float = LATENCY
     return best
 
 
+def steps_per_second(env_id: str, env_kwargs: tuple = (), episodes: int = EPISODES) -> float:
+    """Env steps per second of ``episodes`` episodes through the engine (threads), resets included."""
+    from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+    from starpo_trl.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+
+    class Moves(InstantBackend):
+        def __init__(self):
+            self.calls = 0
+
+        def generate(self, sequences, max_new_tokens, temperature):
+            self.calls += 1
+            reply = tok(f"<think>x</think><answer>{'UDLR'[self.calls % 4]}</answer>", add_special_tokens=False)
+            ids = reply["input_ids"] + [tok.eos_token_id]
+            return [(ids, [0.0] * len(ids)) for _ in sequences]
+
+    cfg = RolloutConfig(max_turns=5, max_tokens_per_turn=32, env_runner="threads")
+    engine = RolloutEngine(tok, None, cfg, [tok.eos_token_id])
+    try:
+        start = time.perf_counter()
+        rollout = engine.run([StartState(env_id, i, env_kwargs) for i in range(episodes)], backend=Moves())
+        seconds = time.perf_counter() - start
+    finally:
+        engine.close()
+    assert not any(ep.env_error for ep in rollout), [ep.env_error for ep in rollout if ep.env_error][:1]
+    return sum(ep.num_actions for ep in rollout) / seconds
+
+
 def main() -> None:
     from report import store
 
@@ -73,9 +103,13 @@ def main() -> None:
         "processes_turn_s": round(processes, 3),
         "concurrent_over_latency": round(threads / LATENCY, 2),
         "target_met": threads <= 3 * LATENCY,
-        "inprocess_steps_per_s": round(EPISODES / threads, 1),
-        "openenv_steps_per_s": None,
     }
+    sys.path.insert(0, str(ROOT / "tests" / "envs"))
+    from test_openenv import serve  # the tests' server helper: a free port, always stopped
+
+    result["inprocess_steps_per_s"] = round(steps_per_second("starpo/Sokoban-v0"), 1)
+    with serve("starpo/Sokoban-v0") as (url, _):
+        result["openenv_steps_per_s"] = round(steps_per_second("starpo/OpenEnv-v0", (("base_url", url),)), 1)
     print(result)
     store("env_concurrency", result)
 

@@ -116,11 +116,11 @@ def write(results: dict) -> None:
             f"| processes | {r['processes_turn_s']:.3f} | {r['processes_turn_s'] / r['step_latency_s']:.1f} |",
             "",
             f"Target (threads <= 3x one step's latency): **{'met' if r['target_met'] else 'missed'}**. "
-            f"In-process steps/s on threads: {r['inprocess_steps_per_s']:.0f}; through an OpenEnv server: "
+            f"64 Sokoban episodes (5 turns, threads): {r['inprocess_steps_per_s']:.0f} env steps/s in-process, "
             + (
-                "not measured (no OpenEnv adapter yet)."
+                "through an OpenEnv server not measured."
                 if r["openenv_steps_per_s"] is None
-                else f"{r['openenv_steps_per_s']:.0f}."
+                else f"{r['openenv_steps_per_s']:.0f} through an OpenEnv server on 127.0.0.1 (one session per episode)."
             ),
             "",
         ]

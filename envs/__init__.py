@@ -20,7 +20,9 @@
 Any of them: ``gymnasium.make("starpo/Sokoban-v0", dim_room=(8, 8), num_boxes=2)``.
 
 Not a task, and so not in ``ENV_IDS``: ``starpo/Sleepy-v0`` (``envs.sleepy``), whose ``step`` waits
-``latency`` seconds, stands in for a slow env when measuring how a turn's episodes are stepped.
+``latency`` seconds, stands in for a slow env when measuring how a turn's episodes are stepped;
+``starpo/OpenEnv-v0`` (``envs.openenv_env``, ``base_url=...``) plays a running OpenEnv server, and
+``python -m envs.serve ENV_ID`` serves any of these envs as one.
 """
 
 from gymnasium.envs.registration import register, registry
@@ -54,6 +56,14 @@ for _id, (_entry, _kwargs) in ENV_IDS.items():
         # engine drives reset/step itself.
         register(id=_id, entry_point=_entry, kwargs=_kwargs, disable_env_checker=True, order_enforce=False)
 
+# a running OpenEnv server (base_url=...) as a text env: not in ENV_IDS, it needs a server
+if "starpo/OpenEnv-v0" not in registry:
+    register(
+        id="starpo/OpenEnv-v0",
+        entry_point="envs.openenv_env:OpenEnvTextEnv",
+        disable_env_checker=True,
+        order_enforce=False,
+    )
 if "starpo/Sleepy-v0" not in registry:
     register(id="starpo/Sleepy-v0", entry_point="envs.sleepy:SleepyEnv", disable_env_checker=True, order_enforce=False)
 
