@@ -221,6 +221,7 @@ class RolloutEngine:
         bar.close()
         t0 = time.perf_counter()
         self.runner.map(self._close, [state.env for state in live if state.env is not None])
+        self.runner.release_threads()
         timings["env"] += time.perf_counter() - t0
         return Rollout(episodes, timings)
 

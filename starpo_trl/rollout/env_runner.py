@@ -186,9 +186,9 @@ class EnvRunner:
             )
         self.mode, self.timeout, self.max_workers = mode, timeout, max_workers
         self._idle: list[_Worker] = []
-        self._pool: ThreadPoolExecutor | None = (
-            None  # kept across turns: starting 64 threads each turn costs more than a fast env's step
-        )
+        # kept across the calls of one rollout (reset, every turn, close): starting 64 threads for each
+        # call costs more than a fast env's step; released by ``release_threads`` when the rollout ends
+        self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._lock = threading.Lock()
         self._context = None
@@ -218,11 +218,15 @@ class EnvRunner:
             self._pool, self._pool_size = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env"), workers
         return list(self._pool.map(fn, items))
 
+    def release_threads(self) -> None:
+        """Let the thread pool's threads end (the next ``map`` starts a new pool): no thread outlives a rollout."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool, self._pool_size = None, 0
+
     def close(self) -> None:
         """Stop the idle worker processes (busy ones were killed or returned already) and the thread pool."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool, self._pool_size = None, 0
+        self.release_threads()
         with self._lock:
             idle, self._idle = self._idle, []
         for worker in idle:

@@ -1,5 +1,6 @@
 """A turn's episodes are stepped concurrently on threads and in processes; the thread pool is kept
-across turns (starting threads every turn cost more than a fast env's step)."""
+across the turns of a rollout (starting threads for every call cost more than a fast env's step)
+and released when the rollout ends."""
 
 import pathlib
 import sys
@@ -30,7 +31,10 @@ def test_a_turn_of_slow_envs_takes_about_one_step_concurrently():
         assert concurrent < sequential / 3, (runner, concurrent, sequential)  # 16 waits overlap
 
 
-def test_the_thread_pool_is_kept_and_grows():
+def test_the_thread_pool_is_kept_within_a_rollout_and_released_after():
+    import threading
+
+    before = {t.name for t in threading.enumerate()}
     runner = EnvRunner("threads")
     assert runner.map(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
     pool = runner._pool
@@ -38,5 +42,5 @@ def test_the_thread_pool_is_kept_and_grows():
     assert runner._pool is pool  # the same threads next turn
     runner.map(lambda x: x, list(range(5)))
     assert runner._pool is not pool and runner._pool_size == 5  # a larger turn: a larger pool
-    runner.close()
-    assert runner._pool is None
+    runner.release_threads()  # the engine does this when a rollout ends
+    assert runner._pool is None and {t.name for t in threading.enumerate()} <= before
