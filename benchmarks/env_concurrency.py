@@ -3,9 +3,9 @@
     python benchmarks/env_concurrency.py     # part of make bench; about 30 seconds
 
 64 episodes of `starpo/Sleepy-v0` (every step waits 50 ms: a slow env, such as one behind a
-server) play one turn through the episode engine (a backend that answers at once), with
-`env_runner` `inline` (one after another), `threads` and `processes` (concurrently); the turn's
-wall time against one step's latency. Target: concurrent <= 3x one step's latency. Then env steps
+server), reset, then one turn: every episode stepped once through the env runner the engine uses,
+`inline` (one after another), `threads` or `processes` (concurrently); the turn's wall time
+against one step's latency. Target: concurrent <= 3x one step's latency. Then env steps
 per second of 64 Sokoban episodes (5 turns, one action each, threads) played in-process vs through
 an OpenEnv server on 127.0.0.1 (`python -m envs.serve`, one session per episode).
 Into results.json "env_concurrency" and BENCHMARKS.md.
@@ -37,24 +37,24 @@ class InstantBackend:
 
 
 def turn_seconds(runner: str, episodes: int = EPISODES, latency: float = LATENCY, repeats: int = 3) -> float:
-    """The best of ``repeats`` wall times of one engine rollout (reset + one turn) of ``episodes`` sleepy episodes."""
-    from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-    from starpo_trl.tiny import build_tiny_tokenizer
+    """The best of ``repeats`` wall times of one turn: every one of ``episodes`` sleepy episodes, already
+    reset, stepped once through the env runner the engine uses (its thread pool started by the resets)."""
+    from starpo_trl.rollout.env_runner import EnvRunner
 
-    tok = build_tiny_tokenizer()
-    cfg = RolloutConfig(max_turns=1, max_tokens_per_turn=32, env_runner=runner)
-    engine = RolloutEngine(tok, None, cfg, [tok.eos_token_id])
-    backend = InstantBackend(tok, tok.eos_token_id)
-    starts = [StartState("starpo/Sleepy-v0", i, (("latency", latency),)) for i in range(episodes)]
+    pool = EnvRunner(runner)
     best = float("inf")
     try:
         for _ in range(repeats):
+            envs = pool.map(lambda i: pool.make("starpo/Sleepy-v0", {"latency": latency}), list(range(episodes)))
+            pool.map(lambda env: env.reset(0), envs)
             start = time.perf_counter()
-            rollout = engine.run(starts, backend=backend)
+            steps = pool.map(lambda env: env.step("ok"), envs)
             best = min(best, time.perf_counter() - start)
-            assert all(ep.success for ep in rollout), "a sleepy episode failed"
+            assert all(step[1] == 1.0 for step in steps), "a sleepy step failed"
+            pool.map(lambda env: env.close(), envs)
+            pool.release_threads()
     finally:
-        engine.close()
+        pool.close()
     return best
 
 

@@ -106,8 +106,8 @@ def write(results: dict) -> None:
         lines += [
             f"## Stepping a turn's episodes (`python benchmarks/env_concurrency.py`, {r['machine']}, {r['measured_at']})",
             "",
-            f"{r['episodes']} episodes of an env whose step waits {r['step_latency_s'] * 1000:.0f} ms, one turn (reset + step) "
-            "through the episode engine; best of 3.",
+            f"{r['episodes']} episodes of an env whose step waits {r['step_latency_s'] * 1000:.0f} ms, already reset: one turn "
+            "(every episode stepped once) through the env runner the engine uses; best of 3.",
             "",
             "| env_runner | turn wall s | x one step's latency |",
             "|---|---|---|",
