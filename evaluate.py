@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
         ("max_actions_per_episode", int),
         ("max_tokens_per_turn", int),
         ("max_episode_tokens", int),
+        ("context_window", str),
         ("enable_think", _bool),
         ("format_penalty", float),
         ("env_step_timeout", float),

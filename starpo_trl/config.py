@@ -13,6 +13,7 @@ from starpo_trl.algorithms import get_estimator, num_kept_groups
 from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
 from starpo_trl.env_configs import EnvConfig, group_envs, parse_env_configs, split_groups
 from starpo_trl.rollout import RolloutConfig
+from starpo_trl.rollout.engine import context_window_turns
 from starpo_trl.rollout.shaping import ThinkShaping
 
 FILTER_METRICS = (*GROUP_METRICS, "std_rev", "none")  # std_rev: std, smallest first; none: keep every group
@@ -37,6 +38,7 @@ ROLLOUT_SETTINGS = (
     "max_actions_per_episode",
     "max_tokens_per_turn",
     "max_episode_tokens",
+    "context_window",
     "enable_think",
     "format_penalty",
     "env_step_timeout",
@@ -98,6 +100,13 @@ class StarPOConfig(GRPOConfig):
         max_tokens_per_turn (`int`, 256): cap on tokens generated in one turn.
         max_episode_tokens (`int`, 2048): cap on completion tokens (model + env) of one episode;
             an episode that would pass it is cut at a turn boundary.
+        context_window (`str`, `"full"`): what the model reads at each turn: `full` (the whole
+            history), `window:K` (a fresh first message with the state K turns ago, then the last K
+            turns' tokens as they were), `single_turn` (a fresh first message with the current state
+            only). With a window each turn is its own training row (the tokens it was sampled from,
+            then the reply), carrying its trajectory's advantage; the loss must divide by the
+            batch's model tokens (`loss_type` dapo, the default) and the critic estimators are not
+            available yet.
         enable_think (`bool`, True): ask for `<think>...</think><answer>...</answer>`.
         format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
             names an unknown action.
@@ -252,6 +261,9 @@ class StarPOConfig(GRPOConfig):
     max_tokens_per_turn: int = field(default=256, metadata={"help": "Maximum tokens generated in one turn."})
     max_episode_tokens: int = field(
         default=2048, metadata={"help": "Maximum completion tokens (model + env) per episode."}
+    )
+    context_window: str = field(
+        default="full", metadata={"help": "What each turn reads: full, window:K or single_turn."}
     )
     enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
     format_penalty: float = field(
@@ -490,6 +502,7 @@ class StarPOConfig(GRPOConfig):
                 f"rollout_filter_metric must be one of {FILTER_METRICS}, got {self.rollout_filter_metric!r}"
             )
         self._check_filter_strategy()
+        context_window_turns(self.context_window)  # a bad value fails here, naming the forms
         if self.mi_metrics_turn not in ("first", "uniform"):
             raise ValueError(f"mi_metrics_turn must be 'first' or 'uniform', got {self.mi_metrics_turn!r}")
         for name in ("mi_metrics_every",):
@@ -620,6 +633,20 @@ class StarPOConfig(GRPOConfig):
             )
         # The filter ranks the groups of the whole gathered batch; the kept trajectories are then dealt
         # out evenly, so every process gets the same number of rows and splits them into equal micro-batches.
+        if context_window_turns(self.context_window) is not None:  # rows per turn: their count varies
+            if self.loss_type not in BATCH_TOKEN_NORMALISED_LOSSES:
+                raise ValueError(
+                    f"context_window={self.context_window!r} trains one row per turn, as many as the episodes had turns, "
+                    f"padded with rows that hold no model token; loss_type={self.loss_type!r} averages per row or "
+                    f"micro-batch, which would weigh turns and padding wrongly. Use loss_type in "
+                    f"{BATCH_TOKEN_NORMALISED_LOSSES} (loss_aggregation='token-mean')."
+                )
+            if get_estimator(self.advantage_estimator).critic:
+                raise ValueError(
+                    f"context_window={self.context_window!r} with a critic ({self.advantage_estimator}) is not built yet: "
+                    "use advantage_estimator grpo or rloo, or context_window='full'."
+                )
+            return
         kept_groups = self.fixed_kept_groups()
         if kept_groups is None:  # varies: padded per step to equal shares (see rollout_filter_strategy)
             if self.loss_type not in BATCH_TOKEN_NORMALISED_LOSSES:

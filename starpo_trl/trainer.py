@@ -46,7 +46,7 @@ from starpo_trl.monitoring.metrics import (
 from starpo_trl.monitoring.model_card import render_model_card
 from starpo_trl.monitoring.mutual_info import EMANormalizer, mi_from_sample, mi_sample
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
-from starpo_trl.rollout.batch import episode_filter_values, episodes_to_tensors, padded_rows
+from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
 
@@ -242,6 +242,12 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         return [StartState(env.env_id, int(seed), env.key[1]) for seed, env in zip(seeds, envs)]
 
     # -- the one overridden GRPO hook -----------------------------------------------------------------
+    def _max_over_processes(self, n: int) -> int:
+        """The largest ``n`` over the processes (each must train on the same number of rows)."""
+        if self.accelerator.num_processes == 1:
+            return n
+        return int(self.accelerator.gather(torch.tensor([n], device=self.accelerator.device)).max())
+
     def _gather_episodes(self, local: list[Episode]) -> list[Episode]:
         """Every process's episodes, in process order (the order of TRL's sampler, so groups stay contiguous)."""
         if self.accelerator.num_processes == 1:
@@ -287,14 +293,17 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             )
         local_keep = keep[mine]
         kept = [episodes[i] for i in local_keep.tolist()]
-        # a kept count that varies by step: padded with rows that hold no model token (see StarPOConfig)
-        padding = padded_rows(len(kept), args.steps_per_generation) - len(kept)
-        rows = kept + [kept[0] if kept else episodes[0]] * padding
+        # the training rows: one per kept episode, or with a context window one per turn (owner: its episode)
+        rows, owner = episode_rows(kept)
+        # a row count that varies (by step or by process): padded with rows that hold no model token
+        padding = padded_rows(self._max_over_processes(len(rows)), args.steps_per_generation) - len(rows)
+        real_rows = len(rows)
+        rows = rows + [rows[0] if rows else episodes[0]] * padding
 
         batch = episodes_to_tensors(rows, self._tokenizer.pad_token_id, device)
         if args.env_error_policy == "exclude":
-            batch["tool_mask"][: len(kept)][failed[local_keep].to(device)] = 0
-        batch["tool_mask"][len(kept) :] = 0
+            batch["tool_mask"][:real_rows][failed[local_keep][owner].to(device)] = 0
+        batch["tool_mask"][real_rows:] = 0
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         empty = mode == "train" and int(batch["num_items_in_batch"]) == 0
@@ -304,8 +313,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits_to_keep = batch["completion_ids"].size(1)
-        if scored.advantages is not None:
-            advantages = torch.cat([scored.advantages[mine], torch.zeros(padding)]).to(device)
+        if scored.advantages is not None:  # a trajectory's advantage on each of its rows
+            advantages = torch.cat([scored.advantages[mine][owner], torch.zeros(padding)]).to(device)
         else:
             advantages = self._critic_advantages(
                 rows,
@@ -334,9 +343,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         row_advantages = (
             advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
         )
-        self._log_rollout(
-            mode, episodes, kept, rewards, row_advantages[: len(kept)], len(kept_groups), keep, rollout.timings
-        )
+        episode_advantages = row_advantages[:real_rows] if len(owner) == len(kept) else scored.advantages[mine]
+        self._log_rollout(mode, episodes, kept, rewards, episode_advantages, len(kept_groups), keep, rollout.timings)
         return batch
 
     def _log_mutual_information(self, local: list[Episode]) -> None:

@@ -98,7 +98,9 @@ def reasoning_pairs(
         span = reasoning_span(tokenizer, ep.completion_ids[a:b])
         if span is None:
             continue
-        x = ep.prompt_ids + ep.completion_ids[: a + span[0]]
+        # what the model read before this reply: the whole history, or with a context window that turn's prompt
+        before = ep.turn_prompts[k] if k < len(ep.turn_prompts) else ep.prompt_ids + ep.completion_ids[:a]
+        x = before + ep.completion_ids[a : a + span[0]]
         z = ep.completion_ids[a + span[0] : a + span[1]]
         pairs.append((x, z))
     return pairs

@@ -15,6 +15,35 @@ def padded_rows(rows: int, micro_batches: int) -> int:
     return max(1, -(-rows // micro_batches)) * micro_batches
 
 
+def episode_rows(episodes: list[Episode]) -> tuple[list[Episode], list[int]]:
+    """The training rows of ``episodes`` and the index of each row's episode. An episode played with
+    the whole history in context is one row; one played with a context window (``turn_prompts``
+    set) is one row per turn: the tokens that turn's reply was sampled from, then the reply
+    (verbatim, with its logprobs)."""
+    rows, owner = [], []
+    for k, ep in enumerate(episodes):
+        if not ep.turn_prompts:
+            rows.append(ep)
+            owner.append(k)
+            continue
+        spans = [(a, end + 1) for a, end in zip(ep.reply_starts, ep.turn_end_positions)]  # each turn's reply
+        for j, (prompt, (a, b)) in enumerate(zip(ep.turn_prompts, spans)):
+            rows.append(
+                Episode(
+                    start=ep.start,
+                    prompt_ids=list(prompt),
+                    completion_ids=ep.completion_ids[a:b],
+                    env_mask=[1] * (b - a),
+                    logprobs=ep.logprobs[a:b],
+                    turn_rewards=ep.turn_rewards[j : j + 1],
+                    turn_end_positions=[b - a - 1],
+                    env_error=ep.env_error,
+                )
+            )
+            owner.append(k)
+    return rows, owner
+
+
 def episode_filter_values(episodes: list[Episode], metric: str) -> tuple[list[float] | None, list[int] | None]:
     """What the rollout filter's ``entropy`` / ``length`` metrics read per episode (None when unused):
     the mean ``-log p`` of the sampled model tokens (an estimate of the policy's per-token entropy;

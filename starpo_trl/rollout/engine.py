@@ -55,6 +55,7 @@ class Episode:
     turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty + shaping, per turn
     shaping_reward: float = 0.0  # the reasoning shaping included in turn_rewards
     turn_end_positions: list[int] = field(default_factory=list)  # index of each turn's last model token
+    reply_starts: list[int] = field(default_factory=list)  # index of each turn's first model token
     success: bool = False
     done: bool = False  # the env terminated or truncated
     truncated: bool = False  # cut by a token cap
@@ -64,6 +65,9 @@ class Episode:
     num_format_errors: int = 0
     env_error: str | None = None
     messages: list[dict] = field(default_factory=list)  # the conversation as text, for logs
+    # with a context window: the tokens each turn's reply was sampled from (empty: the whole history,
+    # prompt_ids + completion_ids up to the reply)
+    turn_prompts: list[list[int]] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -98,11 +102,29 @@ class RolloutConfig:
     env_step_timeout: float | None = None  # seconds per env call (needs env_runner="processes")
     env_runner: str | None = None  # inline, threads or processes; None: processes with a timeout, else inline
     think_shaping: ThinkShaping = field(default_factory=ThinkShaping)  # reasoning reward shaping (off)
+    # what the model sees at each turn: the whole history, the state and the last K turns, or the state alone
+    context_window: str = "full"  # full | window:K | single_turn
+
+    def window_turns(self) -> int | None:
+        """None for ``full``, else how many earlier turns the prompt keeps (``single_turn``: 0)."""
+        return context_window_turns(self.context_window)
 
     def runner_mode(self) -> str:
         if self.env_runner is not None:
             return self.env_runner
         return "processes" if self.env_step_timeout is not None else "inline"
+
+
+def context_window_turns(value: str) -> int | None:
+    """``full`` -> None, ``single_turn`` -> 0, ``window:K`` -> K (K >= 1); anything else is refused."""
+    if value == "full":
+        return None
+    if value == "single_turn":
+        return 0
+    head, _, k = str(value).partition(":")
+    if head == "window" and k.isdigit() and int(k) >= 1:
+        return int(k)
+    raise ValueError(f"context_window must be 'full', 'window:K' (K >= 1) or 'single_turn', got {value!r}")
 
 
 @dataclass
@@ -113,6 +135,7 @@ class _Live:
     obs: str = ""
     last_think: str | None = None
     actions_left: int = 0
+    observations: list[str] = field(default_factory=list)  # the observation before each turn
 
 
 def _error_text(err: Exception) -> str:
@@ -238,7 +261,7 @@ class RolloutEngine:
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
                 ep.env_error, ep.done = error, True
             episodes.append(ep)
-            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode))
+            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode, observations=[obs]))
         return episodes, live
 
     def _generate(
@@ -255,16 +278,20 @@ class RolloutEngine:
         extra = {"turns": [(s.env, s.actions_left) for s in states]} if getattr(backend, "needs_envs", False) else {}
         limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(ep.completion_ids)) for ep in active]
         t0 = time.perf_counter()
+        contexts = [self._context(ep, state) for ep, state in zip(active, states)]
         outputs = backend.generate(
-            [ep.prompt_ids + ep.completion_ids for ep in active],
+            contexts,
             max_new_tokens=max(limits),
             temperature=temperature,
             **extra,
         )
         timings["generate"] += time.perf_counter() - t0
         texts = []
-        for ep, limit, (ids, logps) in zip(active, limits, outputs):
+        for ep, context, limit, (ids, logps) in zip(active, contexts, limits, outputs):
             ids, logps = ids[:limit], logps[:limit]
+            ep.reply_starts.append(len(ep.completion_ids))
+            if cfg.window_turns() is not None:
+                ep.turn_prompts.append(context)
             ep.completion_ids += ids
             ep.env_mask += [1] * len(ids)
             ep.logprobs += logps
@@ -273,6 +300,25 @@ class RolloutEngine:
             ep.messages.append({"role": "assistant", "content": text})
             texts.append(text)
         return texts
+
+    def _context(self, ep: Episode, state: _Live) -> list[int]:
+        """The tokens the model reads before its reply this turn. ``full``: the whole episode so far.
+        ``window:K``: a fresh first message (instructions and the state K turns ago), then the last K
+        turns' tokens as they were (replies verbatim, env messages as appended); the whole history
+        while it holds K turns or fewer. ``single_turn``: a fresh first message with the current state."""
+        k = self.config.window_turns()
+        turn = len(ep.reply_starts)  # replies so far
+        if k is None or turn <= k:
+            return ep.prompt_ids + ep.completion_ids
+        cfg = self.config
+        first = turn - k  # the oldest turn in the window (0-based)
+        head = self.chat.prompt_ids(
+            first_user_message(
+                state.env, state.observations[first], cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think
+            )
+        )
+        tail = ep.completion_ids[ep.reply_starts[first] :] if k else []
+        return head + tail
 
     def _next_turn(self, ep: Episode, state: _Live, turn: int, reward: float) -> None:
         """Record the turn's reward; end the episode, or append the next user message as the chat
@@ -298,6 +344,7 @@ class RolloutEngine:
         ep.env_mask += [0] * len(obs_ids)
         ep.logprobs += [0.0] * len(obs_ids)
         ep.messages.append({"role": "user", "content": content})
+        state.observations.append(state.obs)
 
     def close(self) -> None:
         """Stop the env worker processes, if any."""
