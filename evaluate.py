@@ -107,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
         ("max_tokens_per_turn", int),
         ("max_episode_tokens", int),
         ("context_window", str),
+        ("action_format", str),
         ("enable_think", _bool),
         ("format_penalty", float),
         ("env_step_timeout", float),

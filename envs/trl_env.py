@@ -1,4 +1,8 @@
-"""Any registered text env as a TRL environment: ``GRPOTrainer(environment_factory=trl_environment(...))``.
+"""TRL's environment classes, both ways.
+
+Out: any registered text env as a TRL environment, ``GRPOTrainer(environment_factory=trl_environment(...))``.
+In: a TRL environment class (the one a TRL user already has) as a text env for ``MultiTurnStarPOTrainer``,
+``register_trl_environment(MyEnv)``, played with ``action_format="tool_call"``.
 
 TRL's multi-turn route (``environment_factory``) takes a class with ``reset(**row)`` (its text is
 appended to the prompt), public methods that the model calls as tools, and optionally
@@ -22,9 +26,13 @@ appended to the prompt), public methods that the model calls as tools, and optio
 
 from __future__ import annotations
 
+import inspect
+import json
+
 import gymnasium as gym
 
 import envs  # noqa: F401  (registers the envs)
+from envs.base import TextEnv, step_info
 from envs.contract import env_name
 
 
@@ -77,3 +85,74 @@ def trl_environment(env_id: str, env_kwargs: dict | None = None) -> type:
     name = base[0].upper() + base[1:] + "Environment"  # starpo/FrozenLake-v0 -> FrozenLakeEnvironment
     TextEnvironment.__name__ = TextEnvironment.__qualname__ = name  # TRL logs the env's reward under this name
     return TextEnvironment
+
+
+class TRLEnvAdapter(TextEnv):
+    """A TRL environment class (``reset(**kwargs)`` returning its opening text or None; public methods
+    as tools; optionally ``get_reward()``) as a text env whose actions are tool calls.
+
+    ``step({"name": ..., "arguments": {...}})`` calls that tool; its return value (as text) is what
+    the model reads next; an unknown tool or one that raises gives ``{"error": ...}`` and counts as an
+    invalid action (the engine's format penalty). ``step(text)`` (a reply without a tool call) is the
+    final answer: the episode ends with ``get_reward()`` as its reward (0 without it). ``success`` is
+    the environment's own ``success`` attribute when it has one, else a positive reward.
+    """
+
+    def __init__(self, factory=None, render_mode: str | None = None):
+        super().__init__(render_mode)
+        from transformers.utils import get_json_schema
+
+        if factory is None:
+            raise ValueError("TRLEnvAdapter needs the environment class (or factory): register_trl_environment(MyEnv)")
+        self.target = factory()
+        if not callable(getattr(self.target, "reset", None)):
+            raise ValueError(f"{type(self.target).__name__} has no reset(): a TRL environment needs one.")
+        self.tools = {
+            name: getattr(self.target, name)
+            for name, _ in inspect.getmembers(type(self.target), predicate=inspect.isfunction)
+            if not name.startswith("_") and name not in ("reset", "get_reward")
+        }
+        self.tool_schemas = [get_json_schema(fn) for fn in self.tools.values()]
+        self.text = ""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        try:
+            opening = self.target.reset(seed=seed)
+        except TypeError:  # a reset that takes no seed
+            opening = self.target.reset()
+        self.text = "" if opening is None else str(opening)
+        return self.text, step_info(False, True, False)
+
+    def step(self, action):
+        if isinstance(action, dict):
+            name, arguments = action.get("name"), action.get("arguments") or {}
+            try:
+                if name not in self.tools:
+                    raise ValueError(f"Tool {name} not found; the tools are {sorted(self.tools)}")
+                result, valid = self.tools[name](**arguments), True
+            except Exception as err:  # the tool's failure is the model's to read, not a crash
+                result, valid = {"error": str(err)}, False
+            self.text = result if isinstance(result, str) else json.dumps(result, default=str)
+            return self.text, 0.0, False, False, step_info(False, valid, valid)
+        get_reward = getattr(self.target, "get_reward", None)
+        reward = float(get_reward()) if callable(get_reward) else 0.0
+        success = bool(getattr(self.target, "success", reward > 0))
+        self.text = str(action)
+        return self.text, reward, True, False, step_info(success, True, True)
+
+    def render_text(self) -> str:
+        return self.text
+
+
+def register_trl_environment(factory, env_id: str | None = None) -> str:
+    """Register a TRL environment class (or factory) as a text env; returns its id (default
+    ``trl/<ClassName>-v0``) for ``StarPOConfig(env_id=..., action_format="tool_call")``. With
+    ``env_runner="processes"`` the class must be importable from the worker (a module, not a notebook)."""
+    name = env_id or f"trl/{getattr(factory, '__name__', 'Environment')}-v0"
+    if name in gym.registry:
+        del gym.registry[name]  # re-registering (a notebook cell run twice) replaces it
+    gym.register(
+        name, entry_point=TRLEnvAdapter, kwargs={"factory": factory}, disable_env_checker=True, order_enforce=False
+    )
+    return name

@@ -39,6 +39,7 @@ ROLLOUT_SETTINGS = (
     "max_tokens_per_turn",
     "max_episode_tokens",
     "context_window",
+    "action_format",
     "enable_think",
     "format_penalty",
     "env_step_timeout",
@@ -107,6 +108,13 @@ class StarPOConfig(GRPOConfig):
             then the reply), carrying its trajectory's advantage; the loss must divide by the
             batch's model tokens (`loss_type` dapo, the default) and the critic estimators are not
             available yet.
+        action_format (`str`, `"answer_tags"`): how a reply acts. `answer_tags`:
+            `<think>...</think><answer>...</answer>`, the answer split into actions. `tool_call`: the
+            reply's tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format of
+            Qwen/Hermes templates), each run by the env, their results appended as the template's tool
+            messages (env tokens); a reply without a call is the final answer and ends the episode. For
+            TRL-style environment classes (`envs.trl_env.register_trl_environment`); malformed calls
+            and unknown tools get the format penalty. Needs a template that renders tool calls.
         enable_think (`bool`, True): ask for `<think>...</think><answer>...</answer>`.
         format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
             names an unknown action.
@@ -264,6 +272,9 @@ class StarPOConfig(GRPOConfig):
     )
     context_window: str = field(
         default="full", metadata={"help": "What each turn reads: full, window:K or single_turn."}
+    )
+    action_format: str = field(
+        default="answer_tags", metadata={"help": "How a reply acts: answer_tags or tool_call (TRL-style envs)."}
     )
     enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
     format_penalty: float = field(
@@ -503,6 +514,10 @@ class StarPOConfig(GRPOConfig):
             )
         self._check_filter_strategy()
         context_window_turns(self.context_window)  # a bad value fails here, naming the forms
+        if self.action_format not in ("answer_tags", "tool_call"):
+            raise ValueError(f"action_format must be 'answer_tags' or 'tool_call', got {self.action_format!r}")
+        if self.action_format == "tool_call" and self.context_window != "full":
+            raise ValueError("action_format='tool_call' keeps the whole history: use context_window='full'.")
         if self.mi_metrics_turn not in ("first", "uniform"):
             raise ValueError(f"mi_metrics_turn must be 'first' or 'uniform', got {self.mi_metrics_turn!r}")
         for name in ("mi_metrics_every",):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from starpo_trl.rollout.prompting import SYSTEM_PROMPT
 
 
@@ -42,13 +44,28 @@ class ChatFormat:
             except ValueError:
                 raise err from None
 
-    def _render(self, messages, add_generation_prompt: bool) -> str:
+    def _render(self, messages, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=self.chat_template
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template,
+            tools=tools,
         )
 
-    def _probe_prefix(self) -> str:
-        text = self._render(self.system + self.PROBE, add_generation_prompt=False)
+    def _prefix_for(self, tools: list[dict] | None) -> str:
+        """The probe conversation's render up to its assistant turn's end, with these tools (cached)."""
+        key = None if not tools else json.dumps(tools, sort_keys=True)
+        if not hasattr(self, "_prefixes"):
+            self._prefixes = {}
+        if key is None:
+            return self._prefix
+        if key not in self._prefixes:
+            self._prefixes[key] = self._probe_prefix(tools)
+        return self._prefixes[key]
+
+    def _probe_prefix(self, tools: list[dict] | None = None) -> str:
+        text = self._render(self.system + self.PROBE, add_generation_prompt=False, tools=tools)
         ends = [(text.rfind(e) + len(e), i) for i, e in zip(self.eos_token_ids, self.eos_texts) if text.rfind(e) >= 0]
         if not ends:
             raise ValueError(
@@ -58,17 +75,23 @@ class ChatFormat:
         end, self.turn_end_id = max(ends)
         return text[:end]
 
-    def prompt_ids(self, user_content: str) -> list[int]:
-        text = self._render(self.system + [{"role": "user", "content": user_content}], add_generation_prompt=True)
+    def prompt_ids(self, user_content: str, tools: list[dict] | None = None) -> list[int]:
+        """The first prompt (system, the user message, the assistant header); ``tools``: JSON schemas the
+        template lists for tool calling."""
+        messages = self.system + [{"role": "user", "content": user_content}]
+        text = self._render(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def message_ids(self, message: dict) -> list[int]:
-        full = self._render(self.system + self.PROBE + [message], add_generation_prompt=True)
-        if not full.startswith(self._prefix):
+    def message_ids(self, message: dict | list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The tokens of ``message`` (or several in a row, e.g. tool results) after an assistant turn."""
+        prefix = self._prefix_for(tools)
+        messages = [message] if isinstance(message, dict) else list(message)
+        full = self._render(self.system + self.PROBE + messages, add_generation_prompt=True, tools=tools)
+        if not full.startswith(prefix):
             raise ValueError(
                 "The chat template is not prefix-preserving: adding a message changes how earlier turns are "
                 "rendered, so tokens sampled in turn t would not match the history of turn t+1. Use a "
                 "prefix-preserving template (pass `chat_template=` to the tokenizer), e.g. TRL's training "
                 "templates in trl/chat_templates/."
             )
-        return self.tokenizer(full[len(self._prefix) :], add_special_tokens=False)["input_ids"]
+        return self.tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"]

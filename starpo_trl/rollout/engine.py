@@ -16,6 +16,7 @@ that were sampled. The engine needs no Trainer: give it a tokenizer and a backen
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from starpo_trl.rollout.prompting import (
     SYSTEM_PROMPT,
     first_user_message,
     parse_reply,
+    parse_tool_calls,
     turn_message,
 )
 from starpo_trl.rollout.shaping import ThinkShaping, turn_shaping_reward
@@ -104,6 +106,8 @@ class RolloutConfig:
     think_shaping: ThinkShaping = field(default_factory=ThinkShaping)  # reasoning reward shaping (off)
     # what the model sees at each turn: the whole history, the state and the last K turns, or the state alone
     context_window: str = "full"  # full | window:K | single_turn
+    # how a reply acts: <answer> tags split into actions, or tool calls (a reply without one ends the episode)
+    action_format: str = "answer_tags"  # answer_tags | tool_call
 
     def window_turns(self) -> int | None:
         """None for ``full``, else how many earlier turns the prompt keeps (``single_turn``: 0)."""
@@ -136,6 +140,8 @@ class _Live:
     last_think: str | None = None
     actions_left: int = 0
     observations: list[str] = field(default_factory=list)  # the observation before each turn
+    tools: list[dict] | None = None  # tool_call format: the env's tool schemas
+    tool_results: list[str] = field(default_factory=list)  # tool_call format: this turn's results, in call order
 
 
 def _error_text(err: Exception) -> str:
@@ -175,6 +181,18 @@ class RolloutEngine:
         self.config = config
         self.eos_token_ids = list(eos_token_ids)
         self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
+        if config.action_format not in ("answer_tags", "tool_call"):
+            raise ValueError(f"action_format must be 'answer_tags' or 'tool_call', got {config.action_format!r}")
+        if config.action_format == "tool_call":
+            from trl.chat_template_utils import supports_tool_calling
+
+            if not supports_tool_calling(tokenizer):
+                raise ValueError(
+                    "action_format='tool_call' needs a chat template that renders tool calls and tool results "
+                    "(Qwen2.5/3, Llama 3.1, ...); this tokenizer's does not. Use action_format='answer_tags'."
+                )
+            if config.window_turns() is not None:
+                raise ValueError("action_format='tool_call' keeps the whole history: use context_window='full'.")
         self.runner = EnvRunner(config.runner_mode(), config.env_step_timeout)
 
     def _open(self, start: StartState):
@@ -253,7 +271,13 @@ class RolloutEngine:
         cfg = self.config
         episodes, live = [], []
         for start, (env, obs, error) in zip(starts, opened):
-            if error is None:
+            tools = None
+            if error is None and cfg.action_format == "tool_call":
+                tools = list(getattr(env.unwrapped, "tool_schemas", None) or [])
+                content = obs  # the env's own opening text; the template lists the tools
+                ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content, tools=tools))
+                ep.messages.append({"role": "user", "content": content})
+            elif error is None:
                 content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
                 ep.messages.append({"role": "user", "content": content})
@@ -261,7 +285,9 @@ class RolloutEngine:
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids("environment failed to reset"))
                 ep.env_error, ep.done = error, True
             episodes.append(ep)
-            live.append(_Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode, observations=[obs]))
+            live.append(
+                _Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode, observations=[obs], tools=tools)
+            )
         return episodes, live
 
     def _generate(
@@ -332,18 +358,22 @@ class RolloutEngine:
         if ep.done or turn == cfg.max_turns or state.actions_left <= 0:
             ep.done = True
             return
-        actions_left = state.actions_left if self._named(state.env) else None
-        content = turn_message(turn + 1, state.obs, actions_left, reward, cfg.enable_think)
-        obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + self.chat.message_ids(
-            {"role": "user", "content": content}
-        )
+        if cfg.action_format == "tool_call":  # the tool results, as the template renders tool messages
+            new = [{"role": "tool", "content": r} for r in state.tool_results]
+            message_ids = self.chat.message_ids(new, tools=state.tools)
+        else:
+            actions_left = state.actions_left if self._named(state.env) else None
+            content = turn_message(turn + 1, state.obs, actions_left, reward, cfg.enable_think)
+            new = [{"role": "user", "content": content}]
+            message_ids = self.chat.message_ids(new[0])
+        obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + message_ids
         if len(ep.completion_ids) + len(obs_ids) >= cfg.max_episode_tokens:
             ep.truncated = True  # cut at a turn boundary: the next turn would not fit
             return
         ep.completion_ids += obs_ids
         ep.env_mask += [0] * len(obs_ids)
         ep.logprobs += [0.0] * len(obs_ids)
-        ep.messages.append({"role": "user", "content": content})
+        ep.messages += new
         state.observations.append(state.obs)
 
     def close(self) -> None:
@@ -354,10 +384,51 @@ class RolloutEngine:
     def _named(env) -> bool:
         return env is not None and env.unwrapped.action_names is not None
 
+    def _act_tools(self, ep: Episode, state: _Live, text: str) -> float:
+        """``tool_call`` format: run the reply's tool calls in order (each an env step; its result is the
+        next tool message); a reply without a call is the final answer and ends the episode. A malformed
+        call, an unknown tool or one that raises: an error result and the format penalty."""
+        cfg = self.config
+        parsed = parse_tool_calls(text)
+        state.tool_results = [json.dumps({"error": e}) for e in parsed.errors]
+        reward, format_error = 0.0, bool(parsed.errors)
+        actions = parsed.calls[: min(cfg.max_actions_per_turn, state.actions_left)]
+        if not parsed.calls and not parsed.errors:
+            actions = [text]  # the final answer
+        for action in actions:
+            try:
+                obs, r, terminated, truncated, info = state.env.step(action)
+                r = float(r)
+                if not math.isfinite(r):
+                    raise ValueError(f"non-finite reward {r!r}")
+            except Exception as err:  # a failing env ends only this episode
+                ep.env_error, ep.done = f"step: {_error_text(err)}", True
+                break
+            ep.num_actions += 1
+            state.actions_left -= 1
+            reward += r
+            valid = bool(info.get("action_is_valid", True))
+            ep.num_valid_actions += valid
+            ep.num_effective_actions += bool(info.get("action_is_effective", False))
+            format_error |= not valid
+            state.obs = str(obs)
+            if isinstance(action, dict):
+                state.tool_results.append(str(obs))
+            if terminated or truncated:
+                ep.success = bool(info.get("success", False))
+                ep.done = True
+                break
+        if format_error:
+            ep.num_format_errors += 1
+            reward += cfg.format_penalty
+        return reward
+
     def _act(self, ep: Episode, state: _Live, text: str) -> float:
         """Parse one reply and step the env; return the turn reward (env rewards + format penalty).
         Runs on the runner's threads: it touches only this episode."""
         cfg = self.config
+        if cfg.action_format == "tool_call":
+            return self._act_tools(ep, state, text)
         env = state.env
         named = self._named(env)
         budget = min(cfg.max_actions_per_turn, state.actions_left) if named else 1

@@ -1,7 +1,8 @@
 """Where env calls run: in the trainer's process, on threads, or in worker processes.
 
 The episode engine talks to every env through a handle with ``reset(seed)``, ``step(action)``,
-``match_action(action)``, ``close()`` and the attributes ``instructions`` / ``action_names``
+``match_action(action)``, ``close()`` and the attributes ``instructions`` / ``action_names`` /
+``tool_schemas`` (a TRL-style env's tools, else None)
 (refreshed after each reset). ``EnvRunner`` makes the handles and steps the active episodes of a
 turn:
 
@@ -32,10 +33,11 @@ class EnvCallError(RuntimeError):
     """An env call failed in a worker process; the message is the env's own ``Type: message``."""
 
 
-def _describe(env) -> tuple[str, list[str] | None]:
+def _describe(env) -> tuple[str, list[str] | None, list[dict] | None]:
     inner = env.unwrapped
     names = getattr(inner, "action_names", None)
-    return str(getattr(inner, "instructions", "")), (None if names is None else list(names))
+    tools = getattr(inner, "tool_schemas", None)
+    return str(getattr(inner, "instructions", "")), (None if names is None else list(names)), tools
 
 
 class LocalEnv:
@@ -43,7 +45,7 @@ class LocalEnv:
 
     def __init__(self, env_id: str, env_kwargs: dict):
         self.env = gym.make(env_id, **env_kwargs)
-        self.instructions, self.action_names = _describe(self.env)
+        self.instructions, self.action_names, self.tool_schemas = _describe(self.env)
 
     @property
     def unwrapped(self):
@@ -51,7 +53,7 @@ class LocalEnv:
 
     def reset(self, seed: int):
         out = self.env.reset(seed=seed)
-        self.instructions, self.action_names = _describe(self.env)
+        self.instructions, self.action_names, self.tool_schemas = _describe(self.env)
         return out
 
     def step(self, action: str):
@@ -116,7 +118,7 @@ class ProcessEnv:
 
     def __init__(self, runner: EnvRunner, worker: _Worker, env_id: str, env_kwargs: dict):
         self.runner, self.worker = runner, worker
-        self.instructions, self.action_names = self._call("make", env_id, env_kwargs)
+        self.instructions, self.action_names, self.tool_schemas = self._call("make", env_id, env_kwargs)
 
     @property
     def unwrapped(self):
@@ -147,7 +149,7 @@ class ProcessEnv:
             worker.kill()
 
     def reset(self, seed: int):
-        obs, info, (self.instructions, self.action_names) = self._call("reset", seed)
+        obs, info, (self.instructions, self.action_names, self.tool_schemas) = self._call("reset", seed)
         return obs, info
 
     def step(self, action: str):

@@ -116,3 +116,35 @@ def parse_reply(
     if max_actions is not None:
         actions = actions[:max_actions]
     return ParsedReply(think, answer, actions, format_ok=bool(actions))
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+@dataclass
+class ToolCalls:
+    calls: list[dict] = field(default_factory=list)  # {"name": str, "arguments": dict}, in order
+    errors: list[str] = field(default_factory=list)  # one per malformed call
+
+
+def parse_tool_calls(text: str) -> ToolCalls:
+    """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of a reply (the format of
+    Qwen2.5 / Qwen3 / Hermes templates; ``arguments`` may also be a JSON string). A block that is not
+    such a JSON object is an error (a format penalty), never a crash. No block: a final answer."""
+    import json
+
+    out = ToolCalls()
+    for body in _TOOL_CALL.findall(text[: 16 * MAX_ANSWER_CHARS]):
+        try:
+            call = json.loads(body.strip())
+            arguments = call.get("arguments", {}) if isinstance(call, dict) else None
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(arguments, dict):
+                raise ValueError('expected {"name": "<tool>", "arguments": {...}}')
+            out.calls.append({"name": call["name"], "arguments": arguments})
+        except ValueError as err:  # json.JSONDecodeError is a ValueError
+            out.errors.append(f"malformed tool call: {err}")
+    unclosed = text.count("<tool_call>") - len(out.calls) - len(out.errors)
+    out.errors += ["malformed tool call: <tool_call> without its closing </tool_call>"] * max(0, unclosed)
+    return out

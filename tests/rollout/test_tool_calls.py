@@ -1,0 +1,120 @@
+"""A TRL environment class trained here: action_format="tool_call". The model's tool calls are run by
+the env, their results appended as the template's tool messages (env tokens, mask 0), a reply without
+a call ends the episode with get_reward(); malformed calls and unknown tools get the format penalty."""
+
+import copy
+
+import pytest
+from conftest import ScriptedBackend
+from helpers import make_args
+
+from envs.trl_env import register_trl_environment
+from starpo_trl import MultiTurnStarPOTrainer
+from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout.prompting import parse_tool_calls
+
+
+class Counter:
+    def reset(self, seed=None, **kwargs):
+        self.count = 0
+        return "Count to 3 with the increment tool, then say done."
+
+    def increment(self, step: int = 1) -> str:
+        """Add to the counter.
+
+        Args:
+            step: How much to add.
+
+        Returns:
+            The counter's new value.
+        """
+        if step > 5:
+            raise ValueError("step too large")
+        self.count += step
+        return f"count={self.count}"
+
+    def get_reward(self) -> float:
+        return 1.0 if self.count == 3 else 0.0
+
+
+def call(name="increment", **arguments):
+    import json
+
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+@pytest.fixture
+def tool_tokenizer(tiny_tokenizer):
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    tok = copy.deepcopy(tiny_tokenizer)  # the fixture is shared: change a copy
+    tok.chat_template = qwen2_5_chat_template
+    return tok
+
+
+def play(tok, replies, turns=4):
+    env_id = register_trl_environment(Counter)
+    backend = ScriptedBackend(tok, lambda c, i: replies[c], tok.convert_tokens_to_ids("<|im_end|>"))
+    cfg = RolloutConfig(max_turns=turns, max_tokens_per_turn=160, action_format="tool_call")
+    engine = RolloutEngine(tok, backend, cfg, [tok.convert_tokens_to_ids("<|im_end|>")])
+    (ep,) = engine.run([StartState(env_id, 0)])
+    return engine, ep
+
+
+def test_parse_tool_calls():
+    parsed = parse_tool_calls(call(step=2) + " and " + call("stop"))
+    assert parsed.calls == [{"name": "increment", "arguments": {"step": 2}}, {"name": "stop", "arguments": {}}]
+    assert parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>').calls[0][
+        "arguments"
+    ] == {"a": 1}
+    assert parse_tool_calls("all done").calls == [] and parse_tool_calls("all done").errors == []
+    cut = parse_tool_calls(call(step=1) + '<tool_call>\n{"name')  # a reply cut in its second call
+    assert len(cut.calls) == 1 and len(cut.errors) == 1
+    for bad in ("<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>', "<tool_call>{"):
+        assert parse_tool_calls(bad).errors and not parse_tool_calls(bad).calls
+
+
+def test_tool_calls_run_and_the_episode_is_the_templates_conversation(tool_tokenizer):
+    tok = tool_tokenizer
+    engine, ep = play(tok, [call(step=1), call(step=1) + call(step=1), "done"])
+    assert ep.success and ep.done and ep.turn_rewards == [0.0, 0.0, 1.0] and ep.num_actions == 4
+    assert [m["role"] for m in ep.messages] == ["user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
+    assert [m["content"] for m in ep.messages if m["role"] == "tool"] == ["count=1", "count=2", "count=3"]
+    # the tokens are the template's rendering of that conversation (tools listed), the replies verbatim
+    schemas = engine.runner.make(ep.start.env_id, {}).unwrapped.tool_schemas
+    render = tok.apply_chat_template(engine.chat.system + ep.messages, tools=schemas, tokenize=False)
+    text = tok.decode(ep.prompt_ids + ep.completion_ids)
+    assert render.startswith(text) and render[len(text) :] == "\n"
+    env_text = tok.decode([t for t, m in zip(ep.completion_ids, ep.env_mask) if m == 0])
+    assert "<tool_response>\ncount=2\n</tool_response>" in env_text and "increment" not in env_text
+
+
+def test_malformed_calls_and_failing_tools_are_penalised_not_fatal(tool_tokenizer):
+    _, ep = play(tool_tokenizer, ["<tool_call>{oops</tool_call>", call("jump"), call(step=9), "done"])
+    assert ep.turn_rewards == [-0.1, -0.1, -0.1, 0.0] and ep.num_format_errors == 3 and not ep.success
+    tools = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert "malformed tool call" in tools[0] and "Tool jump not found" in tools[1] and "step too large" in tools[2]
+
+
+def test_training_on_a_trl_environment_class(tmp_path, tool_tokenizer, fresh_model):
+    env_id = register_trl_environment(Counter)
+    backend = ScriptedBackend(
+        tool_tokenizer,
+        lambda c, i: call(step=1 + (i % 2)) if c < 2 else "done",  # some groups reach 3, others do not
+        tool_tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+    fresh_model.generation_config.eos_token_id = tool_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    args = make_args(tmp_path, env_id=env_id, action_format="tool_call", max_turns=3, max_tokens_per_turn=48)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tool_tokenizer, backend=backend)
+    trainer.train()
+    rows = [r for r in trainer.state.log_history if "env/Counter-v0/success" in r]
+    assert rows and trainer.state.global_step == 2
+    with pytest.raises(ValueError, match="context_window='full'"):
+        make_args(tmp_path, env_id=env_id, action_format="tool_call", context_window="single_turn")
+    with pytest.raises(ValueError, match="action_format"):
+        make_args(tmp_path, action_format="json")
+
+
+def test_a_template_without_tool_calls_is_refused(tiny_tokenizer):
+    with pytest.raises(ValueError, match="renders tool calls"):
+        RolloutEngine(tiny_tokenizer, None, RolloutConfig(action_format="tool_call"), [tiny_tokenizer.eos_token_id])
