@@ -113,6 +113,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             `HFBackend` on the policy itself.
         reasoning_reward_fn: optional `(think, answer, previous_think, turn) -> float`, added to
             each turn's reward (see `starpo_trl.rollout.shaping`).
+        reward_funcs: optional TRL-style reward functions, `f(prompts, completions, **kwargs) -> list[float]`,
+            called on every training rollout with each episode's first message (`prompts`), the rest of
+            its conversation (`completions`, message dicts) and `env_id`, `seed`, `success`, `env_reward`
+            per episode; their sum (None counts 0) is added to the episode's last turn, on top of the env's
+            rewards (`get_reward()` of a TRL environment class included). Logged as `rewards/<name>/mean`.
         value_model: optional model (or Hub id / local dir) whose decoder initialises a full critic,
             e.g. the policy's weights before a warm start; it must share the policy's tokenizer.
             Default: the policy's own weights.
@@ -129,6 +134,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         peft_config=None,
         backend=None,
         reasoning_reward_fn=None,
+        reward_funcs=None,
         value_model=None,
         recipe: str | None = None,
     ):
@@ -151,6 +157,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.adapter_sync = self._build_adapter_sync() if args.vllm_lora_sync else None
         self.rollout_config = rollout_config(args)
         self._backend = backend
+        self.extra_reward_funcs = list(reward_funcs or [])
         self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
         self.evaluation_results: dict[str, dict] = {}  # name -> held-out metrics, shown in the model card
         self.recipe = recipe  # the recipe text, shown in the model card
@@ -242,6 +249,30 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         return [StartState(env.env_id, int(seed), env.key[1]) for seed, env in zip(seeds, envs)]
 
     # -- the one overridden GRPO hook -----------------------------------------------------------------
+    def _add_function_rewards(self, local: list[Episode], mode: str) -> None:
+        """The ``reward_funcs`` on this process's episodes, added to each one's last turn (before the
+        episodes are gathered, so each function runs once per episode)."""
+        scored = [ep for ep in local if ep.turn_rewards and ep.env_error is None]
+        if not scored:
+            return
+        prompts = [ep.messages[:1] for ep in scored]
+        completions = [ep.messages[1:] for ep in scored]
+        extra = {
+            "env_id": [ep.start.env_id for ep in scored],
+            "seed": [ep.start.seed for ep in scored],
+            "success": [ep.success for ep in scored],
+            "env_reward": [ep.reward for ep in scored],
+        }
+        for fn in self.extra_reward_funcs:
+            values = [0.0 if v is None else float(v) for v in fn(prompts=prompts, completions=completions, **extra)]
+            if len(values) != len(scored):
+                raise ValueError(
+                    f"reward function {fn.__name__} returned {len(values)} rewards for {len(scored)} episodes"
+                )
+            for ep, value in zip(scored, values):
+                ep.turn_rewards[-1] += value
+            self._metrics[mode][f"rewards/{fn.__name__}/mean"].append(sum(values) / len(values))
+
     def _max_over_processes(self, n: int) -> int:
         """The largest ``n`` over the processes (each must train on the same number of rows)."""
         if self.accelerator.num_processes == 1:
@@ -267,6 +298,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         # Each process plays its share; filtering, normalisation and group advantages then run on the
         # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
         rollout = self.play(starts, self.temperature)
+        if self.extra_reward_funcs:
+            self._add_function_rewards(rollout, mode)
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
             self._log_mutual_information(rollout)

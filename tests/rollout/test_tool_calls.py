@@ -100,15 +100,16 @@ def test_training_on_a_trl_environment_class(tmp_path, tool_tokenizer, fresh_mod
     env_id = register_trl_environment(Counter)
     backend = ScriptedBackend(
         tool_tokenizer,
-        lambda c, i: call(step=1 + (i % 2)) if c < 2 else "done",  # some groups reach 3, others do not
+        # 1 then 2 (count 3: reward 1) for even episodes, 1 then 1 (count 2: reward 0) for odd ones
+        lambda c, i: call(step=1) if c == 0 else call(step=2 - i % 2) if c == 1 else "done",
         tool_tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
     fresh_model.generation_config.eos_token_id = tool_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    args = make_args(tmp_path, env_id=env_id, action_format="tool_call", max_turns=3, max_tokens_per_turn=48)
+    args = make_args(tmp_path, env_id=env_id, action_format="tool_call", max_turns=3, max_tokens_per_turn=160)
     trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tool_tokenizer, backend=backend)
     trainer.train()
     rows = [r for r in trainer.state.log_history if "env/Counter-v0/success" in r]
-    assert rows and trainer.state.global_step == 2
+    assert rows and trainer.state.global_step == 2 and rows[0]["env/Counter-v0/success"] == 0.5
     with pytest.raises(ValueError, match="context_window='full'"):
         make_args(tmp_path, env_id=env_id, action_format="tool_call", context_window="single_turn")
     with pytest.raises(ValueError, match="action_format"):
@@ -118,3 +119,32 @@ def test_training_on_a_trl_environment_class(tmp_path, tool_tokenizer, fresh_mod
 def test_a_template_without_tool_calls_is_refused(tiny_tokenizer):
     with pytest.raises(ValueError, match="renders tool calls"):
         RolloutEngine(tiny_tokenizer, None, RolloutConfig(action_format="tool_call"), [tiny_tokenizer.eos_token_id])
+
+
+def test_reward_functions_add_to_the_envs_reward(tmp_path, tool_tokenizer, fresh_model):
+    env_id = register_trl_environment(Counter)
+    end = tool_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = ScriptedBackend(tool_tokenizer, lambda c, i: call(step=3) if c == 0 else "done", end)
+    fresh_model.generation_config.eos_token_id = end
+    seen = []
+
+    def brevity(prompts, completions, success, env_reward, **kwargs):
+        seen.append((prompts, completions, success, env_reward))
+        return [0.5 if c[-1]["content"] == "done" else None for c in completions]
+
+    args = make_args(
+        tmp_path, env_id=env_id, action_format="tool_call", max_turns=3, max_tokens_per_turn=160, max_steps=1
+    )
+    trainer = MultiTurnStarPOTrainer(
+        fresh_model, args, processing_class=tool_tokenizer, backend=backend, reward_funcs=[brevity]
+    )
+    played = []
+    play_ = trainer.play
+    trainer.play = lambda starts, t: played.append(play_(starts, t)) or played[-1]
+    trainer.train()
+    prompts, completions, success, env_reward = seen[0]
+    assert prompts[0] == [{"role": "user", "content": "Count to 3 with the increment tool, then say done."}]
+    assert [m["role"] for m in completions[0]] == ["assistant", "tool", "assistant"] and all(success)
+    assert env_reward == [1.0] * 16  # get_reward(): count reached 3
+    assert all(ep.turn_rewards == [0.0, 1.5] for ep in played[0])  # 1.0 from the env + 0.5 from the function
+    assert any("rewards/brevity/mean" in row for row in trainer.state.log_history)
