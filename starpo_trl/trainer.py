@@ -32,7 +32,7 @@ from starpo_trl.algorithms import (
     whiten,
 )
 from starpo_trl.algorithms.critic import build_critic
-from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
+from starpo_trl.algorithms.scoring import add_function_rewards, critic_turn_rewards, score_rollout
 from starpo_trl.algorithms.value_model import explained_variance
 from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
 from starpo_trl.env_configs import EnvConfig
@@ -44,7 +44,7 @@ from starpo_trl.monitoring.metrics import (
     sample_rows,
 )
 from starpo_trl.monitoring.model_card import render_model_card
-from starpo_trl.monitoring.mutual_info import EMANormalizer, mi_from_sample, mi_sample
+from starpo_trl.monitoring.mutual_info import MI_KEYS, EMANormalizer, mi_from_sample, mi_sample
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
@@ -67,24 +67,7 @@ def start_state_dataset(args: StarPOConfig) -> Dataset:
     )
 
 
-RUN_STATE_FILE = "starpo_state.json"
-# the MI statistics logged as collapse/<key> (first: the one whose running z-score is logged too)
-MI_KEYS = (
-    "mi_estimate",
-    "conditional_entropy",
-    "reasoning_entropy",
-    "mi_upper_bound",
-    "retrieval_accuracy",
-    "retrieval_chance",
-    "mi_zscore",
-    "mi_estimate_per_token",
-    "conditional_entropy_per_token",
-    "reasoning_entropy_per_token",
-    "retrieval_accuracy_per_token",
-    "mi_zscore_per_token",
-    "num_inputs",
-    "num_reasonings",
-)  # in each checkpoint: the trainer's own state between steps
+RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
 
 
 class _SkipEmptyUpdate(TrainerCallback):
@@ -249,30 +232,6 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         return [StartState(env.env_id, int(seed), env.key[1]) for seed, env in zip(seeds, envs)]
 
     # -- the one overridden GRPO hook -----------------------------------------------------------------
-    def _add_function_rewards(self, local: list[Episode], mode: str) -> None:
-        """The ``reward_funcs`` on this process's episodes, added to each one's last turn (before the
-        episodes are gathered, so each function runs once per episode)."""
-        scored = [ep for ep in local if ep.turn_rewards and ep.env_error is None]
-        if not scored:
-            return
-        prompts = [ep.messages[:1] for ep in scored]
-        completions = [ep.messages[1:] for ep in scored]
-        extra = {
-            "env_id": [ep.start.env_id for ep in scored],
-            "seed": [ep.start.seed for ep in scored],
-            "success": [ep.success for ep in scored],
-            "env_reward": [ep.reward for ep in scored],
-        }
-        for fn in self.extra_reward_funcs:
-            values = [0.0 if v is None else float(v) for v in fn(prompts=prompts, completions=completions, **extra)]
-            if len(values) != len(scored):
-                raise ValueError(
-                    f"reward function {fn.__name__} returned {len(values)} rewards for {len(scored)} episodes"
-                )
-            for ep, value in zip(scored, values):
-                ep.turn_rewards[-1] += value
-            self._metrics[mode][f"rewards/{fn.__name__}/mean"].append(sum(values) / len(values))
-
     def _max_over_processes(self, n: int) -> int:
         """The largest ``n`` over the processes (each must train on the same number of rows)."""
         if self.accelerator.num_processes == 1:
@@ -298,8 +257,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         # Each process plays its share; filtering, normalisation and group advantages then run on the
         # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
         rollout = self.play(starts, self.temperature)
-        if self.extra_reward_funcs:
-            self._add_function_rewards(rollout, mode)
+        # TRL-style reward functions, on this process's episodes (each function runs once per episode)
+        for name, mean in add_function_rewards(rollout, self.extra_reward_funcs).items():
+            self._metrics[mode][f"rewards/{name}/mean"].append(mean)
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
             self._log_mutual_information(rollout)

@@ -123,3 +123,33 @@ def critic_turn_rewards(
     return [
         [0.0] * (len(turns) - 1) + [n] if turns else [] for turns, n in zip(turn_rewards, normalized[rows].tolist())
     ]
+
+
+def add_function_rewards(episodes, reward_funcs) -> dict[str, float]:
+    """Add TRL-style reward functions' rewards to each episode's last turn (episodes that failed or
+    never acted are left as they are). ``f(prompts, completions, env_id, seed, success, env_reward)``:
+    each episode's first message, the rest of its conversation (message dicts) and its env's id, seed,
+    success and reward; it returns one reward per episode (None counts 0). Returns each function's
+    mean reward, by its name."""
+    scored = [ep for ep in episodes if ep.turn_rewards and ep.env_error is None]
+    means: dict[str, float] = {}
+    if not scored:
+        return means
+    prompts = [ep.messages[:1] for ep in scored]
+    completions = [ep.messages[1:] for ep in scored]
+    extra = {
+        "env_id": [ep.start.env_id for ep in scored],
+        "seed": [ep.start.seed for ep in scored],
+        "success": [ep.success for ep in scored],
+        "env_reward": [ep.reward for ep in scored],
+    }
+    for fn in reward_funcs:
+        values = [0.0 if v is None else float(v) for v in fn(prompts=prompts, completions=completions, **extra)]
+        if len(values) != len(scored):
+            raise ValueError(
+                f"reward function {fn.__name__} returned {len(values)} rewards for {len(scored)} episodes"
+            )
+        for ep, value in zip(scored, values):
+            ep.turn_rewards[-1] += value
+        means[fn.__name__] = sum(values) / len(values)
+    return means

@@ -27,6 +27,24 @@ import torch
 
 from starpo_trl.rollout import Episode
 
+# the statistics the trainer logs as collapse/<key> (first: the one whose running z-score is logged too)
+MI_KEYS = (
+    "mi_estimate",
+    "conditional_entropy",
+    "reasoning_entropy",
+    "mi_upper_bound",
+    "retrieval_accuracy",
+    "retrieval_chance",
+    "mi_zscore",
+    "mi_estimate_per_token",
+    "conditional_entropy_per_token",
+    "reasoning_entropy_per_token",
+    "retrieval_accuracy_per_token",
+    "mi_zscore_per_token",
+    "num_inputs",
+    "num_reasonings",
+)
+
 
 def mi_statistics(cross: torch.Tensor, own: torch.Tensor) -> dict[str, float]:
     """The MI quantities from ``cross`` (Nz, Nx): ``cross[i, j] = log p(z_i | x_j)``, and ``own`` (Nz,):
