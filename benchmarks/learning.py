@@ -4,6 +4,7 @@ current filter against the paper's and against none.
     python benchmarks/learning.py             # both parts (make bench-learning)
     python benchmarks/learning.py ratios      # about 30 minutes on 2 CPU cores
     python benchmarks/learning.py strategies  # about 25 minutes on 2 CPU cores (FrozenLake)
+    python benchmarks/learning.py windows     # about 25 minutes on 2 CPU cores (FrozenLake)
 
 For Bandit and FrozenLake (the CPU demo recipes): one warm start, then for each keep ratio and
 seed 0, 1, 2 a StarPO run from that same warm-started model; reports final held-out success,
@@ -15,6 +16,11 @@ half of its best value so far (after step 10).
 std, RAGEN's current recommendation (reward variance, linear top-p 0.9, zero-variance groups
 dropped) and no filter; final held-out success, mean kept share of the episodes, steps the
 filter emptied, wall time; into results.json "filter_strategies" and BENCHMARKS.md.
+
+``windows``: on FrozenLake, from the same warm start (trained on whole histories), seeds 0, 1, 2 of
+``context_window`` full, window:1 and single_turn (training and held-out evaluation alike): final
+held-out success, mean tokens of the training rows per step, wall time; into results.json
+"context_windows" and BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ STRATEGIES = {
     "no filter": {"rollout_filter_strategy": "top_k", "rollout_filter_ratio": 1.0},
 }
 STRATEGY_ENVS = ("starpo/FrozenLake-v0",)
+WINDOWS = ("full", "window:1", "single_turn")
 SEEDS = (0, 1, 2)
 RECIPES = {"starpo/Bandit-v0": ("demo-cpu-bandit.yaml", 10), "starpo/FrozenLake-v0": ("demo-cpu-frozenlake.yaml", 60)}
 OUT = ROOT / "runs" / "bench-learning"
@@ -162,6 +169,56 @@ def strategies() -> None:
     store("filter_strategies", {"per_env": results, "strategies": STRATEGIES, "seeds": list(SEEDS)})
 
 
+def windows() -> None:
+    import statistics
+
+    from report import store
+
+    from envs.contract import env_name
+
+    results = {}
+    for env_id in STRATEGY_ENVS:
+        recipe, max_steps = RECIPES[env_id]
+        name = env_name(env_id)
+        warm_dir = warm_started(recipe, name)
+        runs = []
+        for window in WINDOWS:
+            for seed in SEEDS:
+                _, args, _, _ = parse(
+                    recipe,
+                    output_dir=str(OUT / name / f"window-{window.replace(':', '')}-s{seed}"),
+                    seed=seed,
+                    max_steps=max_steps,
+                    context_window=window,
+                )
+                start = time.time()
+                trainer, final = run_from(warm_dir, args)
+                tokens = [
+                    r["rollout/tokens_trained"] for r in trainer.state.log_history if "rollout/tokens_trained" in r
+                ]
+                runs.append(
+                    {
+                        "window": window,
+                        "seed": seed,
+                        "final_success": final["success"],
+                        "tokens_per_step": round(statistics.mean(tokens), 1) if tokens else None,
+                        "wall_seconds": round(time.time() - start, 1),
+                    }
+                )
+                print(name, runs[-1], flush=True)
+        summary = {
+            w: {
+                "mean": statistics.mean(x["final_success"] for x in runs if x["window"] == w),
+                "spread": max(x["final_success"] for x in runs if x["window"] == w)
+                - min(x["final_success"] for x in runs if x["window"] == w),
+                "tokens_per_step": statistics.mean(x["tokens_per_step"] for x in runs if x["window"] == w),
+            }
+            for w in WINDOWS
+        }
+        results[env_id] = {"runs": runs, "summary": summary}
+    store("context_windows", {"per_env": results, "windows": list(WINDOWS), "seeds": list(SEEDS)})
+
+
 def ratios() -> None:
     import matplotlib
 
@@ -229,4 +286,4 @@ def ratios() -> None:
 if __name__ == "__main__":
     parts = sys.argv[1:] or ["ratios", "strategies"]
     for part in parts:
-        {"ratios": ratios, "strategies": strategies}[part]()
+        {"ratios": ratios, "strategies": strategies, "windows": windows}[part]()

@@ -142,6 +142,27 @@ def write(results: dict) -> None:
                 f"{x['single_env_wall_seconds']:.0f} |"
             )
         lines.append("")
+    if "context_windows" in results:
+        r = results["context_windows"]
+        lines += [
+            f"## Learning: context windows (`python benchmarks/learning.py windows`, {r['machine']}, {r['measured_at']})",
+            "",
+            "Tiny offline model, one warm start (on whole histories), then StarPO with each `context_window` in training and "
+            f"held-out evaluation, seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; tokens = "
+            "prompt + completion tokens of a step's training rows (with a window: one row per turn).",
+            "",
+            "| env | context_window | final success (mean) | spread | per seed | tokens per step |",
+            "|---|---|---|---|---|---|",
+        ]
+        for env_id, e in r["per_env"].items():
+            for w, x in e["summary"].items():
+                runs = [y for y in e["runs"] if y["window"] == w]
+                lines.append(
+                    f"| `{env_id}` | {w} | {x['mean']:.3f} | {x['spread']:.3f} | "
+                    + ", ".join(f"{y['final_success']:.3f}" for y in runs)
+                    + f" | {x['tokens_per_step']:.0f} |"
+                )
+        lines.append("")
     if "filter_strategies" in results:
         r = results["filter_strategies"]
         lines += [

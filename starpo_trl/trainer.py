@@ -337,7 +337,10 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
         )
         episode_advantages = row_advantages[:real_rows] if len(owner) == len(kept) else scored.advantages[mine]
-        self._log_rollout(mode, episodes, kept, rewards, episode_advantages, len(kept_groups), keep, rollout.timings)
+        trained_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows[:real_rows])
+        self._log_rollout(
+            mode, episodes, trained_tokens, rewards, episode_advantages, len(kept_groups), keep, rollout.timings
+        )
         return batch
 
     def _log_mutual_information(self, local: list[Episode]) -> None:
@@ -570,9 +573,10 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         os.makedirs(self.args.output_dir, exist_ok=True)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
-    def _log_rollout(self, mode, episodes, kept, rewards, advantages, num_kept_groups, keep, timings):
-        """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``kept`` and
-        ``advantages`` are this process's rows, gathered for the sample table."""
+    def _log_rollout(self, mode, episodes, trained_tokens, rewards, advantages, num_kept_groups, keep, timings):
+        """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``advantages``
+        are this process's kept episodes', gathered for the sample table; ``trained_tokens`` the tokens
+        of this process's training rows (prompt + completion; with a context window, each turn's)."""
         group = self.num_generations
         shaping = self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None
         metrics, thinks = rollout_metrics(
@@ -591,10 +595,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if self.args.enable_think:
             self._previous_thinks = thinks
         if mode == "train":
-            tokens = torch.tensor(
-                float(sum(len(ep.prompt_ids) + len(ep.completion_ids) for ep in kept)), device=self.accelerator.device
+            tokens = int(
+                self.accelerator.gather(torch.tensor(float(trained_tokens), device=self.accelerator.device)).sum()
             )
-            self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
+            self.state.num_input_tokens_seen += tokens
+            self._metrics[mode]["rollout/tokens_trained"].append(float(tokens))  # this step's rows, every process
         # sample episodes for TRL's completions table (log_completions=True): whole conversations
         all_advantages = (
             advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())

@@ -118,3 +118,27 @@ def test_multi_env_table(tmp_path, monkeypatch):
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| `starpo/Bandit-v0` | `starpo/BanditTest-v0` | 0.800 | 0.900 | 61 |" in text
     assert "multi-env run 200 s" in text
+
+
+def test_context_windows_table(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    runs = [
+        {"window": "full", "seed": s, "final_success": f, "tokens_per_step": 900.0, "wall_seconds": 5.0}
+        for s, f in [(0, 0.3), (1, 0.5)]
+    ]
+    summary = {"full": {"mean": 0.4, "spread": 0.2, "tokens_per_step": 900.0}}
+    report.store(
+        "context_windows",
+        {
+            "per_env": {"starpo/FrozenLake-v0": {"runs": runs, "summary": summary}},
+            "windows": ["full"],
+            "seeds": [0, 1],
+        },
+    )
+    assert (
+        "| `starpo/FrozenLake-v0` | full | 0.400 | 0.200 | 0.300, 0.500 | 900 |"
+        in (tmp_path / "BENCHMARKS.md").read_text()
+    )

@@ -120,6 +120,8 @@ def test_training_with_a_window_trains_one_row_per_turn(tmp_path, tiny_tokenizer
     assert len(batch["completion_ids"]) >= len(rows) > len(episodes)  # one row per turn (plus padding)
     model_tokens = sum(sum(ep.env_mask) for ep in episodes if ep.env_error is None)
     assert int(batch["num_items_in_batch"]) == model_tokens
+    logged = [row["rollout/tokens_trained"] for row in trainer.state.log_history if "rollout/tokens_trained" in row]
+    assert logged[0] == sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)  # what the rows hold
     with pytest.raises(ValueError, match="not built yet"):
         make_args(tmp_path, context_window="window:1", advantage_estimator="gae")
     with pytest.raises(ValueError, match="loss_type"):
