@@ -384,6 +384,29 @@ class RolloutEngine:
     def _named(env) -> bool:
         return env is not None and env.unwrapped.action_names is not None
 
+    @staticmethod
+    def _step(ep: Episode, state: _Live, action) -> tuple[float, dict] | None:
+        """One env step of this episode: its reward and info, with the episode's counts, its state and
+        (when the env ends it) its success and end updated; None when the env failed, slowed past its
+        timeout or paid a non-finite reward: the episode then ends as an env error."""
+        try:
+            obs, r, terminated, truncated, info = state.env.step(action)
+            r = float(r)
+            if not math.isfinite(r):
+                raise ValueError(f"non-finite reward {r!r}")
+        except Exception as err:  # a failing, slow or NaN-paying env ends only this episode
+            ep.env_error, ep.done = f"step: {_error_text(err)}", True
+            return None
+        state.obs = obs
+        ep.num_actions += 1
+        state.actions_left -= 1
+        ep.num_valid_actions += bool(info.get("action_is_valid", True))
+        ep.num_effective_actions += bool(info.get("action_is_effective", False))
+        if terminated or truncated:
+            ep.success = bool(info.get("success", False))
+            ep.done = True
+        return r, info
+
     def _act_tools(self, ep: Episode, state: _Live, text: str) -> float:
         """``tool_call`` format: run the reply's tool calls in order (each an env step; its result is the
         next tool message); a reply without a call is the final answer and ends the episode. A malformed
@@ -396,27 +419,14 @@ class RolloutEngine:
         if not parsed.calls and not parsed.errors:
             actions = [text]  # the final answer
         for action in actions:
-            try:
-                obs, r, terminated, truncated, info = state.env.step(action)
-                r = float(r)
-                if not math.isfinite(r):
-                    raise ValueError(f"non-finite reward {r!r}")
-            except Exception as err:  # a failing env ends only this episode
-                ep.env_error, ep.done = f"step: {_error_text(err)}", True
+            stepped = self._step(ep, state, action)
+            if stepped is None:
                 break
-            ep.num_actions += 1
-            state.actions_left -= 1
-            reward += r
-            valid = bool(info.get("action_is_valid", True))
-            ep.num_valid_actions += valid
-            ep.num_effective_actions += bool(info.get("action_is_effective", False))
-            format_error |= not valid
-            state.obs = str(obs)
+            reward += stepped[0]
+            format_error |= not stepped[1].get("action_is_valid", True)
             if isinstance(action, dict):
-                state.tool_results.append(str(obs))
-            if terminated or truncated:
-                ep.success = bool(info.get("success", False))
-                ep.done = True
+                state.tool_results.append(str(state.obs))
+            if ep.done:
                 break
         if format_error:
             ep.num_format_errors += 1
@@ -436,28 +446,21 @@ class RolloutEngine:
         reward, format_error = 0.0, not parsed.format_ok
         for action in parsed.actions:
             try:
-                if named and env.unwrapped.match_action(action) is None:
-                    format_error = True  # unknown action: dropped, penalised
-                    ep.num_actions += 1
-                    continue
-                obs, r, terminated, truncated, info = env.step(action)
-                r = float(r)
-                if not math.isfinite(r):
-                    raise ValueError(f"non-finite reward {r!r}")
-            except Exception as err:  # a failing, slow or NaN-paying env ends only this episode
+                known = not named or env.unwrapped.match_action(action) is not None
+            except Exception as err:  # a failing env ends only this episode
                 ep.env_error, ep.done = f"step: {_error_text(err)}", True
                 break
-            state.obs = obs
-            ep.num_actions += 1
-            state.actions_left -= 1
-            reward += float(r)
-            ep.num_valid_actions += bool(info.get("action_is_valid", True))
-            ep.num_effective_actions += bool(info.get("action_is_effective", False))
-            if not named and not info.get("action_is_valid", True):
+            if not known:
+                format_error = True  # unknown action: dropped, penalised
+                ep.num_actions += 1
+                continue
+            stepped = self._step(ep, state, action)
+            if stepped is None:
+                break
+            reward += stepped[0]
+            if not named and not stepped[1].get("action_is_valid", True):
                 format_error = True
-            if terminated or truncated:
-                ep.success = bool(info.get("success", False))
-                ep.done = True
+            if ep.done:
                 break
         if format_error:
             ep.num_format_errors += 1
