@@ -106,6 +106,23 @@ def run_from(warm_dir: pathlib.Path, args):
     return trainer, trainer.evaluate_success()
 
 
+def variant_runs(env_id: str, variants: dict[str, dict]):
+    """For each variant (label -> settings over the recipe) and seed: a StarPO run from the env's cached
+    warm start; yields ``(label, seed, log_history, final held-out metrics, wall seconds)``."""
+    from envs.contract import env_name
+
+    recipe, max_steps = RECIPES[env_id]
+    name = env_name(env_id)
+    warm_dir = warm_started(recipe, name)
+    for k, (label, settings) in enumerate(variants.items()):
+        for seed in SEEDS:
+            out = OUT / name / f"{settings.get('context_window', 'full').replace(':', '')}-variant{k}-s{seed}"
+            _, args, _, _ = parse(recipe, output_dir=str(out), seed=seed, max_steps=max_steps, **settings)
+            start = time.time()
+            trainer, final = run_from(warm_dir, args)
+            yield label, seed, trainer.state.log_history, final, round(time.time() - start, 1)
+
+
 def strategies() -> None:
     import matplotlib
 
@@ -120,39 +137,25 @@ def strategies() -> None:
 
     results = {}
     for env_id in STRATEGY_ENVS:
-        recipe, max_steps = RECIPES[env_id]
         name = env_name(env_id)
-        warm_dir = warm_started(recipe, name)
         runs = []
         fig, ax = plt.subplots(figsize=(6, 4))
-        for (label, settings), color in zip(STRATEGIES.items(), ("tab:green", "tab:blue", "tab:red")):
-            for seed in SEEDS:
-                _, args, _, _ = parse(
-                    recipe,
-                    output_dir=str(OUT / name / f"strategy{list(STRATEGIES).index(label)}-s{seed}"),
-                    seed=seed,
-                    max_steps=max_steps,
-                    **settings,
-                )
-                start = time.time()
-                trainer, final = run_from(warm_dir, args)
-                history = trainer.state.log_history
-                kept = [r["rollout/kept_fraction"] for r in history if "rollout/kept_fraction" in r]
-                runs.append(
-                    {
-                        "strategy": label,
-                        "seed": seed,
-                        "final_success": final["success"],
-                        "kept_fraction_mean": round(statistics.mean(kept), 4) if kept else None,
-                        "empty_after_filter_steps": int(
-                            sum(r.get("rollout/empty_after_filter", 0) > 0 for r in history)
-                        ),
-                        "wall_seconds": round(time.time() - start, 1),
-                    }
-                )
-                steps, values = series(history, f"env/{name}/success")
-                ax.plot(steps, values, color=color, alpha=0.6, label=label if seed == SEEDS[0] else None)
-                print(name, runs[-1], flush=True)
+        colors = dict(zip(STRATEGIES, ("tab:green", "tab:blue", "tab:red")))
+        for label, seed, history, final, wall in variant_runs(env_id, STRATEGIES):
+            kept = [r["rollout/kept_fraction"] for r in history if "rollout/kept_fraction" in r]
+            runs.append(
+                {
+                    "strategy": label,
+                    "seed": seed,
+                    "final_success": final["success"],
+                    "kept_fraction_mean": round(statistics.mean(kept), 4) if kept else None,
+                    "empty_after_filter_steps": int(sum(r.get("rollout/empty_after_filter", 0) > 0 for r in history)),
+                    "wall_seconds": wall,
+                }
+            )
+            steps, values = series(history, f"env/{name}/success")
+            ax.plot(steps, values, color=colors[label], alpha=0.6, label=label if seed == SEEDS[0] else None)
+            print(name, runs[-1], flush=True)
         ax.set_title(f"{env_id}: train success by rollout filter (3 seeds)")
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
@@ -178,34 +181,20 @@ def windows() -> None:
 
     results = {}
     for env_id in STRATEGY_ENVS:
-        recipe, max_steps = RECIPES[env_id]
         name = env_name(env_id)
-        warm_dir = warm_started(recipe, name)
         runs = []
-        for window in WINDOWS:
-            for seed in SEEDS:
-                _, args, _, _ = parse(
-                    recipe,
-                    output_dir=str(OUT / name / f"window-{window.replace(':', '')}-s{seed}"),
-                    seed=seed,
-                    max_steps=max_steps,
-                    context_window=window,
-                )
-                start = time.time()
-                trainer, final = run_from(warm_dir, args)
-                tokens = [
-                    r["rollout/tokens_trained"] for r in trainer.state.log_history if "rollout/tokens_trained" in r
-                ]
-                runs.append(
-                    {
-                        "window": window,
-                        "seed": seed,
-                        "final_success": final["success"],
-                        "tokens_per_step": round(statistics.mean(tokens), 1) if tokens else None,
-                        "wall_seconds": round(time.time() - start, 1),
-                    }
-                )
-                print(name, runs[-1], flush=True)
+        for window, seed, history, final, wall in variant_runs(env_id, {w: {"context_window": w} for w in WINDOWS}):
+            tokens = [r["rollout/tokens_trained"] for r in history if "rollout/tokens_trained" in r]
+            runs.append(
+                {
+                    "window": window,
+                    "seed": seed,
+                    "final_success": final["success"],
+                    "tokens_per_step": round(statistics.mean(tokens), 1) if tokens else None,
+                    "wall_seconds": wall,
+                }
+            )
+            print(name, runs[-1], flush=True)
         summary = {
             w: {
                 "mean": statistics.mean(x["final_success"] for x in runs if x["window"] == w),

@@ -23,3 +23,13 @@ def make_args(tmp_path, **kw):
     )
     base.update(kw)
     return StarPOConfig(**base)
+
+
+def filter_settings(**kw):
+    """The rollout filter's settings as StarPOConfig's defaults have them (every ``rollout_filter_*``
+    field), with ``kw`` on top: for the pure scoring functions, which read only these."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    base = {f.name: f.default for f in dataclasses.fields(StarPOConfig) if f.name.startswith("rollout_filter_")}
+    return SimpleNamespace(**{**base, **kw})

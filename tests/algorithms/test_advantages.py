@@ -6,21 +6,14 @@ import torch
 def test_score_rollout_by_hand():
     """Groups of 2: [1, 0] (std 0.7071), [0.5, 0.5] (std 0), [NaN (failed), 1] -> the filter keeps the
     first group only; its GRPO advantages are +-0.5 / (0.7071 + 1e-4)."""
-    from types import SimpleNamespace
+    from helpers import filter_settings
 
     from starpo_trl.algorithms.scoring import critic_turn_rewards, score_rollout
 
-    args = SimpleNamespace(
+    args = filter_settings(
         env_error_policy="exclude",
         env_failure_reward=-1.0,
-        rollout_filter_strategy="top_k",
         rollout_filter_ratio=0.3,
-        rollout_filter_metric="std",
-        rollout_filter_type="largest",
-        rollout_filter_include_zero=True,
-        rollout_filter_top_p_mode="linear",
-        rollout_filter_eps=0.01,
-        rollout_filter_scope="per_env",
         reward_normalization="identity",
         reward_norm_scope="group",
         advantage_estimator="grpo",

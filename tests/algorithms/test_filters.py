@@ -1,10 +1,10 @@
 """The rollout filter: group scores and every strategy, checked against numbers worked out by hand."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import filter_settings
 
 from starpo_trl.algorithms import expand_groups, num_kept_groups
 from starpo_trl.algorithms.filters import group_scores, select_groups
@@ -106,17 +106,7 @@ def test_top_p_softmax_and_min_p_by_hand():
 
 
 def args(**kw):
-    base = dict(
-        rollout_filter_strategy="top_k",
-        rollout_filter_ratio=0.25,
-        rollout_filter_metric="std",
-        rollout_filter_type="largest",
-        rollout_filter_include_zero=True,
-        rollout_filter_top_p_mode="linear",
-        rollout_filter_eps=0.01,
-        rollout_filter_scope="per_env",
-    )
-    return SimpleNamespace(**{**base, **kw})
+    return filter_settings(**{"rollout_filter_ratio": 0.25, **kw})
 
 
 def test_filter_groups_from_the_config_and_dealt_to_processes():
