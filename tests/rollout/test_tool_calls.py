@@ -148,3 +148,30 @@ def test_reward_functions_add_to_the_envs_reward(tmp_path, tool_tokenizer, fresh
     assert env_reward == [1.0] * 16  # get_reward(): count reached 3
     assert all(ep.turn_rewards == [0.0, 1.5] for ep in played[0])  # 1.0 from the env + 0.5 from the function
     assert any("rewards/brevity/mean" in row for row in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("estimator", ["bilevel_gae"])
+def test_a_trl_environment_class_with_the_critic(tmp_path, tool_tokenizer, fresh_model, estimator):
+    """StarPO-S's filter and a critic with bi-level GAE apply to tool-call episodes as to any other."""
+    env_id = register_trl_environment(Counter)
+    end = tool_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = ScriptedBackend(
+        tool_tokenizer, lambda c, i: call(step=1) if c == 0 else call(step=2 - i % 2) if c == 1 else "done", end
+    )
+    fresh_model.generation_config.eos_token_id = end
+    args = make_args(
+        tmp_path,
+        env_id=env_id,
+        action_format="tool_call",
+        max_turns=3,
+        max_tokens_per_turn=160,
+        max_steps=1,
+        advantage_estimator=estimator,
+        use_turn_rewards=True,
+    )
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tool_tokenizer, backend=backend)
+    start = [p.clone() for p in trainer.critic.trainable_parameters()]
+    trainer.train()
+    assert any((a != b).any() for a, b in zip(start, trainer.critic.trainable_parameters()))  # the critic learned
+    logged = {k for row in trainer.state.log_history for k in row}
+    assert {"critic/value_loss", "advantages/std", "rollout/kept_fraction"} <= logged
