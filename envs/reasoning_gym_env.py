@@ -2,7 +2,7 @@
 
 ## Description
 One procedurally generated question of a `reasoning-gym <https://github.com/open-thought/reasoning-gym>`_
-dataset (``pip install starpo-trl[reasoning]``): ``dataset`` names it (``chain_sum``,
+dataset (``pip install starpo-trl[reasoning-gym]``): ``dataset`` names it (``chain_sum``,
 ``basic_arithmetic``, ``countdown``, ... any of ``reasoning_gym.factory.DATASETS``) and
 ``config`` holds that dataset's own settings (e.g. ``{"min_terms": 2, "max_terms": 4}``). The seed
 decides the question (the dataset is built with ``seed`` and ``size=1``), so the same seed gives
@@ -50,7 +50,7 @@ class ReasoningGymEnv(TextEnv):
             import reasoning_gym
         except ImportError:
             raise ImportError(
-                "starpo/ReasoningGym-v0 needs reasoning-gym: pip install 'starpo-trl[reasoning]' (or reasoning-gym)."
+                "starpo/ReasoningGym-v0 needs reasoning-gym: pip install 'starpo-trl[reasoning-gym]' (or reasoning-gym)."
             ) from None
         if dataset not in reasoning_gym.factory.DATASETS:
             raise ValueError(
