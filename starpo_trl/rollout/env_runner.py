@@ -216,7 +216,7 @@ class EnvRunner:
         workers = self.max_workers or len(items)
         if self._pool is None or self._pool_size < workers:  # grows to the largest turn seen
             if self._pool is not None:
-                self._pool.shutdown(wait=False)
+                self._pool.shutdown(wait=True)  # idle between calls: its threads end at once
             self._pool, self._pool_size = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env"), workers
         return list(self._pool.map(fn, items))
 
