@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
 
 from envs.base import TextEnv, step_info
 
@@ -75,6 +76,7 @@ class OpenEnvTextEnv(TextEnv):
         self.to_payload = _resolve(action_to_payload, default_action_payload)
         self.default_instructions = self.instructions = instructions
         self.client = None
+        self.broken = False  # a call failed or timed out: the session is not closed politely
         self.text = ""
 
     def _session(self):
@@ -98,13 +100,13 @@ class OpenEnvTextEnv(TextEnv):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        observation = self._read(self._session().reset(seed=self.new_episode_seed(seed)))
+        observation = self._read(self._call(lambda client: client.reset(seed=self.new_episode_seed(seed))))
         return self.text, step_info(bool(observation.get("success", False)), True, False)
 
     def step(self, action):
         if self.client is None:
             raise RuntimeError("step before reset: no session is open")
-        result = self.client.step(self.to_payload(action))
+        result = self._call(lambda client: client.step(self.to_payload(action)))
         observation = self._read(result)
         truncated = bool(observation.get("truncated", False))
         info = step_info(
@@ -114,14 +116,28 @@ class OpenEnvTextEnv(TextEnv):
         )
         return self.text, float(result.reward or 0.0), bool(result.done) and not truncated, truncated, info
 
+    def _call(self, fn):
+        try:
+            return fn(self._session())
+        except Exception:
+            self.broken = True
+            raise
+
     def render_text(self) -> str:
         return self.text
 
     def close(self):
         client, self.client = self.client, None
         if client is not None:
-            try:
-                client.close()
-            except Exception:  # the server may be gone already
-                pass
+            if self.broken:  # a server still busy with a timed-out call may not answer the close: do not wait for it
+                threading.Thread(target=_close_quietly, args=(client,), daemon=True).start()
+            else:
+                _close_quietly(client)
         super().close()
+
+
+def _close_quietly(client) -> None:
+    try:
+        client.close()
+    except Exception:  # the server may be gone already
+        pass

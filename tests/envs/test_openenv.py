@@ -44,7 +44,7 @@ def serve(env_id: str, env_kwargs: str = "{}"):
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(3)  # a server busy with a slow step may not stop at once: then it is killed
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -157,3 +157,20 @@ def test_a_server_that_dies_mid_episode_ends_those_episodes_as_env_errors(tiny_t
             [StartState("starpo/OpenEnv-v0", 0, (("base_url", url),))]
         )
         assert ep.env_error.startswith("reset")
+
+
+def test_a_server_slower_than_the_timeout_ends_the_episode_as_an_env_error(tiny_tokenizer):
+    from conftest import ScriptedBackend
+
+    from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+
+    with serve("starpo/Sleepy-v0", '{"latency": 10.0}') as (url, _):  # every step takes 10 s
+        backend = ScriptedBackend(tiny_tokenizer, "<think>x</think><answer>ok</answer>", tiny_tokenizer.eos_token_id)
+        cfg = RolloutConfig(max_turns=1, max_tokens_per_turn=16, env_runner="threads")
+        engine = RolloutEngine(tiny_tokenizer, backend, cfg, [tiny_tokenizer.eos_token_id])
+        start = time.time()
+        kwargs = (("base_url", url), ("timeout_s", 0.3))
+        episodes = engine.run([StartState("starpo/OpenEnv-v0", s, kwargs) for s in range(2)])
+        engine.close()
+        assert time.time() - start < 6.0  # the trainer waited for the timeout, not for the server
+        assert all(ep.env_error is not None and ep.env_error.startswith("step") for ep in episodes)
