@@ -25,6 +25,7 @@ class ChatFormat:
         self.eos_texts = [tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids]
         self.turn_end_id = None  # the end-of-turn token the template closes an assistant turn with (set by the probe)
         self.chat_template = None
+        self._prefixes: dict[str, str] = {}  # tools JSON -> the probe's prefix rendered with those tools
         try:
             self._prefix = self._probe_prefix()
             self.message_ids({"role": "user", "content": "check"})
@@ -56,8 +57,6 @@ class ChatFormat:
     def _prefix_for(self, tools: list[dict] | None) -> str:
         """The probe conversation's render up to its assistant turn's end, with these tools (cached)."""
         key = None if not tools else json.dumps(tools, sort_keys=True)
-        if not hasattr(self, "_prefixes"):
-            self._prefixes = {}
         if key is None:
             return self._prefix
         if key not in self._prefixes:
