@@ -474,6 +474,10 @@ class StarPOConfig(GRPOConfig):
             return [EnvConfig(self.eval_env_id, dict(self.eval_env_kwargs), None, env_name(self.eval_env_id))]
         return [EnvConfig(**c) for c in self.eval_env_configs]
 
+    def train_seeds(self) -> range:
+        """The training start states' seeds."""
+        return range(self.train_seed_offset, self.train_seed_offset + self.num_train_seeds)
+
     def group_envs(self) -> list[EnvConfig]:
         """The env of each group of a step (``num_start_states`` entries)."""
         return group_envs(self.train_envs(), self.num_start_states)
@@ -684,7 +688,9 @@ class StarPOConfig(GRPOConfig):
             )
 
     def _check_ranges(self) -> None:
-        """Numeric settings outside their meaningful range fail here, before any model loads."""
+        """Numeric settings outside their meaningful range fail here, before any model loads.
+
+        Longer than the project's 60 lines on purpose: a flat list of independent checks, one per setting."""
         for name in ("gamma", "lam", "turn_gamma", "turn_lambda"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:

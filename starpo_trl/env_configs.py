@@ -10,9 +10,13 @@ one env is the one-entry case of the same thing.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
+from datasets import Dataset
+
 from envs.contract import env_name
+from starpo_trl.rollout import StartState
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,10 @@ class EnvConfig:
     def key(self) -> tuple[str, tuple]:
         """What a ``StartState`` carries: (env_id, sorted kwargs)."""
         return self.env_id, tuple(sorted(self.env_kwargs.items()))
+
+    def starts(self, seeds) -> list[StartState]:
+        """A start state in this env for each seed."""
+        return [StartState(self.env_id, int(seed), self.key[1]) for seed in seeds]
 
 
 def parse_env_configs(value, setting: str) -> list[EnvConfig]:
@@ -83,3 +91,37 @@ def split_groups(configs: list[EnvConfig], num_start_states: int) -> list[int]:
 def group_envs(configs: list[EnvConfig], num_start_states: int) -> list[EnvConfig]:
     """The env of each of a step's groups, in order: the first env's groups first."""
     return [c for c, n in zip(configs, split_groups(configs, num_start_states)) for _ in range(n)]
+
+
+def held_out_calls(
+    env: EnvConfig, seeds: range, process_index: int, num_processes: int, per_call: int
+) -> list[list[StartState]]:
+    """This process's share of the held-out ``seeds`` in ``env`` (every ``num_processes``-th seed), in calls
+    of at most ``per_call`` episodes (memory grows with episodes x history). Every process gets the same
+    number of calls, the last ones possibly empty, as a collective backend needs."""
+    mine = list(seeds)[process_index::num_processes]
+    calls = math.ceil(math.ceil(len(seeds) / num_processes) / per_call)
+    return [env.starts(mine[k * per_call : (k + 1) * per_call]) for k in range(calls)]
+
+
+def start_state_dataset(seeds: range) -> Dataset:
+    """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
+    return Dataset.from_dict({"seed": list(seeds)})
+
+
+def process_starts(
+    group_envs: list[EnvConfig], seeds: list[int], group_size: int, process_index: int
+) -> list[StartState]:
+    """A process's start states: the ``seeds`` of its groups (whole groups of ``group_size``, dealt to the
+    processes in order), each in its group's env (``group_envs``: the env of each of a step's groups)."""
+    first = process_index * (len(seeds) // group_size)
+    return [group_envs[first + i // group_size].starts([seed])[0] for i, seed in enumerate(seeds)]
+
+
+def metrics_name(configs: list[EnvConfig], start: StartState) -> str:
+    """The name a start state's metrics are logged under: its env config's ``name`` (the env id without its
+    namespace where no config matches)."""
+    for env in configs:
+        if env.env_id == start.env_id and env.key[1] == start.env_kwargs:
+            return env.name
+    return env_name(start.env_id)

@@ -10,41 +10,27 @@ Held-out evaluation (``evaluate``) plays fixed seeds at ``eval_temperature``.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import time
 from contextlib import nullcontext
 
 import torch
 from accelerate.utils import gather_object
-from datasets import Dataset
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import use_adapter
 
-from envs.contract import env_name
-from starpo_trl.algorithms import (
-    get_estimator,
-    group_std,
-    turn_end_mask,
-    whiten,
-)
 from starpo_trl.algorithms.critic import build_critic
-from starpo_trl.algorithms.scoring import add_function_rewards, critic_turn_rewards, score_rollout
-from starpo_trl.algorithms.value_model import explained_variance
-from starpo_trl.config import ROLLOUT_SETTINGS_FILE, StarPOConfig, rollout_config
-from starpo_trl.env_configs import EnvConfig
-from starpo_trl.monitoring.guard import CollapseGuard, rules_from_config
-from starpo_trl.monitoring.metrics import (
-    critic_metrics,
-    episode_metrics,
-    rollout_metrics,
-    sample_rows,
-)
-from starpo_trl.monitoring.model_card import render_model_card
-from starpo_trl.monitoring.mutual_info import MI_KEYS, EMANormalizer, mi_from_sample, mi_sample
+from starpo_trl.algorithms.critic_targets import critic_targets, fit_critic
+from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, score_rollout
+from starpo_trl.checkpoints import load_checkpoint_extras, load_critic, save_checkpoint_extras, save_model_extras
+from starpo_trl.config import StarPOConfig, rollout_config
+from starpo_trl.env_configs import held_out_calls, metrics_name, process_starts, start_state_dataset
+from starpo_trl.monitoring.empty_steps import EmptySteps
+from starpo_trl.monitoring.guard import build_guard
+from starpo_trl.monitoring.metrics import episode_metrics, sample_rows
+from starpo_trl.monitoring.model_card import write_model_card
+from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
@@ -58,30 +44,6 @@ def env_reward(completions, episode_reward, **kwargs) -> list[float]:
     ``episode_reward`` itself, so this function only reads it back.
     """
     return [float(r) for r in episode_reward]
-
-
-def start_state_dataset(args: StarPOConfig) -> Dataset:
-    """One row per training start state (its seed); TRL's sampler repeats each row into a group."""
-    return Dataset.from_dict(
-        {"seed": list(range(args.train_seed_offset, args.train_seed_offset + args.num_train_seeds))}
-    )
-
-
-RUN_STATE_FILE = "starpo_state.json"  # in each checkpoint: the trainer's own state between steps
-
-
-class _SkipEmptyUpdate(TrainerCallback):
-    """Drops the gradients before the optimizer step of a skipped (empty) step, so AdamW leaves every
-    weight and its moments as they were (it skips parameters without a gradient). Under DeepSpeed the
-    engine steps inside ``backward``: there the step runs with a zero gradient."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if self.trainer.skip_update:
-            for p in self.trainer.model.parameters():
-                p.grad = None
 
 
 class MultiTurnStarPOTrainer(GRPOTrainer):
@@ -132,63 +94,39 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 model=model,
                 reward_funcs=[env_reward],
                 args=args,
-                train_dataset=train_dataset if train_dataset is not None else start_state_dataset(args),
+                train_dataset=train_dataset if train_dataset is not None else start_state_dataset(args.train_seeds()),
                 processing_class=processing_class,
                 callbacks=callbacks,
                 peft_config=peft_config,
             )
-        self.adapter_sync = self._build_adapter_sync() if args.vllm_lora_sync else None
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        sharded = zero3 or self.is_fsdp_enabled
+        self.adapter_sync = (
+            AdapterSync(self.vllm_generation, unwrapped, sharded=sharded) if args.vllm_lora_sync else None
+        )
         self.rollout_config = rollout_config(args)
-        self._backend = backend
+        self._backend = backend  # a given backend; else HF generation or TRL's vLLM engine
+        self._vllm_backend = None
         self.extra_reward_funcs = list(reward_funcs or [])
-        self.kept_group_history: list[dict] = []  # per rollout: groups the filter kept, and every group's std
         self.evaluation_results: dict[str, dict] = {}  # name -> held-out metrics, shown in the model card
         self.recipe = recipe  # the recipe text, shown in the model card
         self.group_envs = args.group_envs()  # the env of each group of a step
-        envs = args.train_envs()
-        self.group_env_index = [envs.index(env) for env in self.group_envs]
-        self._named_envs = envs + args.eval_envs()
-        self.critic = build_critic(self.accelerator.unwrap_model(self.model), args, self.accelerator, value_model)
+        self.group_env_index = [args.train_envs().index(env) for env in self.group_envs]
+        self.critic = build_critic(unwrapped, args, self.accelerator, value_model)
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(
             self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
         )
-        self._vllm_backend = None
-        self.skip_update, self.empty_steps_in_a_row, self.filtered_out_in_a_row = False, 0, 0
-        self.add_callback(_SkipEmptyUpdate(self))
-        self.guard = self._build_guard() if args.collapse_guard != "off" else None
-        self._mi_normalizer = EMANormalizer()
-
-    def _build_adapter_sync(self):
-        """Adapter-only LoRA sync to a colocated vLLM engine (refused where the adapter is sharded)."""
-        if self.is_fsdp_enabled or (
-            self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-        ):
-            raise ValueError(
-                "vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or DDP, or vllm_lora_sync=False."
-            )
-        return AdapterSync(self.vllm_generation, self.accelerator.unwrap_model(self.model))
-
-    def _build_guard(self):
-        """The collapse guard callback (stop / rollback refused under ZeRO-3: they copy the weights)."""
-        args = self.args
-        if (
-            args.collapse_guard in ("stop", "rollback")
-            and self.is_deepspeed_enabled
-            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-        ):
-            raise ValueError(
-                "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use collapse_guard='warn' or ZeRO-2."
-            )
-        guard = CollapseGuard(
-            args.collapse_guard,
-            rules_from_config(args),
-            args.collapse_guard_snapshot_steps,
-            save_model=self.save_model,
-            critic=self.critic,
-        )
-        self.add_callback(guard)
-        return guard
+        self.empty_steps = EmptySteps(args, lambda: self.model.parameters())
+        self.add_callback(self.empty_steps)
+        self.guard = build_guard(args, zero3, self.save_model, self.critic)
+        if self.guard is not None:
+            self.add_callback(self.guard)
+        shaping = self.rollout_config.think_shaping.enabled or reasoning_reward_fn is not None
+        named = args.train_envs() + args.eval_envs()
+        self.step_log = StepLog(args, self.num_generations, lambda ep: metrics_name(named, ep.start), shaping)
+        self.kept_group_history = self.step_log.kept_groups  # per step: the groups kept, every group's std
 
     # -- rollouts ------------------------------------------------------------------------------------
     def play(self, starts: list[StartState], temperature: float) -> Rollout:
@@ -213,172 +151,122 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress
             )
 
-    def _starts(self, seeds, env: EnvConfig) -> list[StartState]:
-        return [StartState(env.env_id, int(seed), env.key[1]) for seed in seeds]
-
-    def _env_name(self, episode: Episode) -> str:
-        """The name an episode's metrics are logged under (its env config's ``name``)."""
-        start = episode.start
-        for env in self._named_envs:
-            if env.env_id == start.env_id and env.key[1] == start.env_kwargs:
-                return env.name
-        return env_name(start.env_id)
-
-    def _train_starts(self, seeds) -> list[StartState]:
-        """This process's start states: its groups' seeds, each in its group's env (``env_configs``)."""
-        group = self.num_generations
-        first = self.accelerator.process_index * (len(seeds) // group)  # groups are dealt to processes in order
-        envs = [self.group_envs[first + i // group] for i in range(len(seeds))]
-        return [StartState(env.env_id, int(seed), env.key[1]) for seed, env in zip(seeds, envs)]
-
-    # -- the one overridden GRPO hook -----------------------------------------------------------------
-    def _max_over_processes(self, n: int) -> int:
-        """The largest ``n`` over the processes (each must train on the same number of rows)."""
-        if self.accelerator.num_processes == 1:
-            return n
-        return int(self.accelerator.gather(torch.tensor([n], device=self.accelerator.device)).max())
-
     def _gather_episodes(self, local: list[Episode]) -> list[Episode]:
         """Every process's episodes, in process order (the order of TRL's sampler, so groups stay contiguous)."""
-        if self.accelerator.num_processes == 1:
-            return local
-        return gather_object(local)
+        return local if self.accelerator.num_processes == 1 else gather_object(local)
 
+    def _sum_over_processes(self, x: torch.Tensor) -> torch.Tensor:
+        return self.accelerator.reduce(x, reduction="sum") if self.accelerator.num_processes > 1 else x
+
+    def _log(self, mode: str, metrics: dict[str, float]) -> None:
+        """Metrics for TRL's logger, which averages each key's values over the logging interval."""
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+
+    # -- the one overridden GRPO hook -----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         """The StarPO step, in the order data flows: play -> filter -> advantages -> (critic) -> batch.
 
-        Kept in one function (about 95 lines: longer than the project's 60 since several envs, padded
-        rows and the MI pass joined it; splitting it is open work) so the whole step reads top to
-        bottom; each stage is a call into ``rollout``, ``algorithms`` or a method below."""
+        Each process plays its share of the groups; filtering, normalisation and group advantages then
+        run on the gathered batch (identical on every process), and the kept rows are dealt out evenly."""
         args: StarPOConfig = self.args
-        device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
-        group = self.num_generations
-        starts = self._train_starts([x["seed"] for x in inputs])
-        # Each process plays its share; filtering, normalisation and group advantages then run on the
-        # gathered batch (identical on every process), and the kept trajectories are dealt out evenly.
+        starts = process_starts(
+            self.group_envs, [x["seed"] for x in inputs], self.num_generations, self.accelerator.process_index
+        )
         rollout = self.play(starts, self.temperature)
         # TRL-style reward functions, on this process's episodes (each function runs once per episode)
-        for name, mean in add_function_rewards(rollout, self.extra_reward_funcs).items():
-            self._metrics[mode][f"rewards/{name}/mean"].append(mean)
+        rewards = add_function_rewards(rollout, self.extra_reward_funcs)
+        self._log(mode, {f"rewards/{name}/mean": mean for name, mean in rewards.items()})
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
-            self._log_mutual_information(rollout)
-
+            self._log(
+                mode,
+                self.step_log.mutual_information(
+                    self.model, rollout, self._tokenizer, self.temperature, self.state.global_step, self.accelerator
+                ),
+            )
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         scored = score_rollout(
             [ep.reward for ep in episodes],
             failed,
-            group,
+            self.num_generations,
             args,
             self.scale_rewards,
             *episode_filter_values(episodes, args.rollout_filter_metric),
             num_processes=self.accelerator.num_processes,
             group_env=self.group_env_index,
         )
-        rewards, kept_groups, keep, kept_rewards = scored.rewards, scored.kept_groups, scored.keep, scored.kept_rewards
-        # this process's rows of the kept batch
-        share = len(keep) // self.accelerator.num_processes
+        # this process's share of the kept batch: its kept episodes, their training rows, padding rows
+        share = len(scored.keep) // self.accelerator.num_processes
         mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
-        if mode == "train":  # the same on every process; rank summaries compare it
-            stds = torch.nan_to_num(group_std(rewards, group), nan=-1.0)
-            self.kept_group_history.append(
-                {"kept": kept_groups.tolist(), "group_std": [round(x, 6) for x in stds.tolist()]}
-            )
-        local_keep = keep[mine]
-        kept = [episodes[i] for i in local_keep.tolist()]
-        # the training rows: one per kept episode, or with a context window one per turn (owner: its episode)
-        rows, owner = episode_rows(kept)
-        # a row count that varies (by step or by process): padded with rows that hold no model token
-        padding = padded_rows(self._max_over_processes(len(rows)), args.steps_per_generation) - len(rows)
-        real_rows = len(rows)
-        rows = rows + [rows[0] if rows else episodes[0]] * padding
-
-        batch = episodes_to_tensors(rows, self._tokenizer.pad_token_id, device)
-        if args.env_error_policy == "exclude":
-            batch["tool_mask"][:real_rows][failed[local_keep][owner].to(device)] = 0
-        batch["tool_mask"][real_rows:] = 0
-        loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        empty = mode == "train" and int(batch["num_items_in_batch"]) == 0
-        if mode == "train":
-            self._check_empty_step(empty, filtered_out=len(kept_groups) == 0)
-
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logits_to_keep = batch["completion_ids"].size(1)
+        kept = [episodes[i] for i in scored.keep[mine].tolist()]
+        rows, owner = episode_rows(kept)  # one per kept episode, or with a context window one per turn
+        rows, batch, loss_mask, inputs = self._batch(rows, episodes[0], failed[scored.keep[mine]][owner])
+        if mode == "train":  # nothing to train on: no optimizer step
+            self.step_log.record_kept_groups(scored)
+            empty = int(batch["num_items_in_batch"]) == 0
+            self._log(mode, self.empty_steps.update(empty, filtered_out=len(scored.kept_groups) == 0))
         if scored.advantages is not None:  # a trajectory's advantage on each of its rows
-            advantages = torch.cat([scored.advantages[mine][owner], torch.zeros(padding)]).to(device)
+            episode_advantages = scored.advantages[mine]
+            padding = torch.zeros(len(rows) - len(owner))
+            batch["advantages"] = torch.cat([episode_advantages[owner], padding]).to(loss_mask.device)
         else:
-            advantages = self._critic_advantages(
-                rows,
-                rewards[keep],
-                kept_rewards,
-                mine,
-                batch,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                loss_mask,
-                mode,
-            )
-            if mode == "train" and not empty:
-                real = slice(0, len(kept))  # the same number on every process: the padding is not trained on
-                self._train_critic(
-                    input_ids[real],
-                    attention_mask[real],
-                    logits_to_keep,
-                    batch["old_values"][real],
-                    batch["returns"][real],
-                    batch["value_mask"][real],
-                )
-        batch["advantages"] = advantages
-        self._old_and_ref_logps(batch, input_ids, attention_mask, logits_to_keep, loss_mask)
-        row_advantages = (
-            advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
-        )
-        episode_advantages = row_advantages[:real_rows] if len(owner) == len(kept) else scored.advantages[mine]
-        trained_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows[:real_rows])
-        self._log_rollout(
-            mode, episodes, trained_tokens, rewards, episode_advantages, len(kept_groups), keep, rollout.timings
-        )
+            batch["advantages"] = self._critic_advantages(scored, mine, rows, batch, inputs, loss_mask, mode)
+            per_row = (batch["advantages"] * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
+            episode_advantages = per_row[: len(kept)]
+        self._old_and_ref_logps(batch, *inputs, loss_mask)
+        trained_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows[: len(owner)])
+        self._log_rollout(mode, episodes, scored, episode_advantages, trained_tokens, rollout.timings)
         return batch
 
-    def _log_mutual_information(self, local: list[Episode]) -> None:
-        """The MI collapse metrics (``starpo_trl.monitoring.mutual_info``) on this process's episodes, averaged
-        over processes; every process makes the same number of forward passes (sharded weights gather)."""
-        args: StarPOConfig = self.args
-        generator = torch.Generator().manual_seed(args.seed * 7919 + self.state.global_step)
-        sample = mi_sample(
-            local,
-            self._tokenizer,
-            self.num_generations,
-            args.mi_metrics_inputs,
-            args.mi_metrics_per_input,
-            args.mi_metrics_turn,
-            generator,
+    def _batch(self, rows: list[Episode], spare: Episode, failed: torch.Tensor):
+        """``rows`` (``failed``: which came from a failed episode) padded to the same number on every process
+        (a multiple of ``steps_per_generation``) with rows that hold no model token, and as TRL's batch;
+        also its loss mask and the model inputs ``(input_ids, attention_mask, logits_to_keep)``."""
+        n, device = len(rows), self.accelerator.device
+        total = (
+            n
+            if self.accelerator.num_processes == 1
+            else int(self.accelerator.gather(torch.tensor([n], device=device)).max())
         )
-        batch = args.per_device_train_batch_size
-        batches = torch.tensor(-(-len(sample[0]) * len(sample[1]) // batch), device=self.accelerator.device)
+        rows = rows + [rows[0] if rows else spare] * (padded_rows(total, self.args.steps_per_generation) - n)
+        batch = episodes_to_tensors(rows, self._tokenizer.pad_token_id, device)
+        if self.args.env_error_policy == "exclude":
+            batch["tool_mask"][:n][failed.to(device)] = 0
+        batch["tool_mask"][n:] = 0
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        return rows, batch, loss_mask, (input_ids, attention_mask, batch["completion_ids"].size(1))
+
+    def _critic_advantages(self, scored: Scored, mine: slice, rows, batch, inputs, loss_mask, mode: str):
+        """Per-token advantages (B, T) of this process's ``rows`` (kept episodes, then padding) from the
+        critic (``algorithms.critic_targets``); its targets go into ``batch``. In a training step that
+        is not skipped the critic then learns on them, before the policy's update."""
+        args: StarPOConfig = self.args
+        kept = rows[: mine.stop - mine.start]
+        raw, normalized = scored.rewards[scored.keep], scored.kept_rewards
+        turn_rewards = critic_turn_rewards(
+            [ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args
+        )
+        targets = critic_targets(self.critic, rows, turn_rewards, *inputs, loss_mask, args, self._sum_over_processes)
+        batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
+        self._log(mode, self.step_log.critic(targets, loss_mask))
+        if mode == "train" and not self.empty_steps.skip:
+            for stats in fit_critic(
+                self.critic, inputs, targets, len(kept), args, self.state.global_step, self._average_grads
+            ):
+                self._log(mode, stats)
+        return targets.advantages
+
+    def _average_grads(self, params):
+        """Average the critic's gradients over processes (it is not wrapped in DDP)."""
         if self.accelerator.num_processes > 1:
-            batches = self.accelerator.gather(batches).max()
-        was_training = self.model.training
-        self.model.eval()
-        started = time.perf_counter()
-        stats = mi_from_sample(self.model, sample, self._tokenizer.pad_token_id, batch, self.temperature, int(batches))
-        if was_training:
-            self.model.train()
-        self._metrics["train"]["collapse/mi_seconds"].append(time.perf_counter() - started)
-        values = torch.tensor([stats.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64, device=batches.device)
-        if self.accelerator.num_processes > 1:
-            values = self.accelerator.gather(values[None]).nanmean(dim=0)
-        for key, value in zip(MI_KEYS, values.tolist()):
-            if math.isfinite(value):
-                self._metrics["train"][f"collapse/{key}"].append(value)
-        if math.isfinite(values[0]):  # the MI estimate against its own running level
-            z = self._mi_normalizer(float(values[0]))
-            if math.isfinite(z):
-                self._metrics["train"]["collapse/mi_zscore_ema"].append(z)
+            for p in params:
+                if p.grad is not None:
+                    p.grad = self.accelerator.reduce(p.grad, reduction="mean")
 
     @torch.no_grad()
     def _old_and_ref_logps(self, batch, input_ids, attention_mask, logits_to_keep, loss_mask) -> None:
@@ -413,204 +301,61 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                     ref_model, input_ids, attention_mask, logits_to_keep, batch_size=args.per_device_train_batch_size
                 )
 
-    def _critic_advantages(
-        self, kept, raw, normalized, mine, batch, input_ids, attention_mask, logits_to_keep, loss_mask, mode
-    ):
-        """Per-token advantages (B, T) of this process's rows ``kept`` (kept episodes, then padding) from the critic's values;
-        stores ``old_values`` and ``returns``. ``raw``/``normalized`` are the whole kept batch's rewards
-        (group statistics need all of it); ``mine`` slices out this process's rows."""
-        args: StarPOConfig = self.args
-        values = (
-            self.critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
-        )
-        ends = [ep.turn_end_positions for ep in kept]
-        real = mine.stop - mine.start  # rows after these are padding (no model token): zero rewards
-        turn_rewards = critic_turn_rewards(
-            [ep.turn_rewards for ep in kept[:real]], raw, normalized, mine, self.num_generations, args
-        ) + [[0.0] * len(ep.turn_rewards) for ep in kept[real:]]
-        advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
-        # where the critic learns: every model token, or (VAGEN's choice) each turn's last model token
-        value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
-        batch["old_values"], batch["returns"], batch["value_mask"] = values, returns, value_mask
-        self._metrics[mode]["critic/explained_variance"].append(explained_variance(values, returns, value_mask))
-        if args.whiten_advantages:  # over the model tokens of the whole kept batch, as on one process
-            m = loss_mask.bool()
-            x = advantages[m].double()
-            stats = torch.stack([m.sum().double(), x.sum(), (x * x).sum()])
-            stats = self.accelerator.reduce(stats, reduction="sum") if self.accelerator.num_processes > 1 else stats
-            advantages = whiten(advantages, loss_mask, tuple(stats.tolist()))
-        for key, value in critic_metrics(advantages, returns, values, loss_mask).items():
-            self._metrics[mode][key].append(value)
-        return advantages
-
-    def _train_critic(self, input_ids, attention_mask, logits_to_keep, old_values, returns, mask):
-        """Once per rollout batch, before the policy's update (the advantages already hold the values from
-        before it): ``critic_epochs`` passes over this process's rows in ``steps_per_generation`` micro-batches,
-        in an order that is the same on every process and new every step."""
-        args: StarPOConfig = self.args
-        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + self.state.global_step)
-        for stats in self.critic.fit(
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            old_values,
-            returns,
-            mask,
-            args.critic_epochs,
-            args.steps_per_generation,
-            generator,
-            args.max_grad_norm,
-            reduce=self._reduce_grads,
-        ):
-            for key, value in stats.items():  # averaged by the logger
-                self._metrics["train"][f"critic/{key}"].append(value)
-
-    def _check_empty_step(self, empty: bool, filtered_out: bool = False) -> None:
-        """A step with no model token to train on (every kept episode failed, or the filter kept no
-        group) is skipped: the optimizer does not step (``_SkipEmptyUpdate``). ``max_empty_steps`` such
-        steps in a row (``rollout_filter_empty_stop_steps`` where the filter kept nothing) stop training
-        with an error that names the cause."""
-        args: StarPOConfig = self.args
-        self.skip_update = empty
-        self._metrics["train"]["rollout/empty_step"].append(float(empty))
-        self._metrics["train"]["rollout/empty_after_filter"].append(float(filtered_out))
-        self.empty_steps_in_a_row = self.empty_steps_in_a_row + 1 if empty and not filtered_out else 0
-        self.filtered_out_in_a_row = self.filtered_out_in_a_row + 1 if filtered_out else 0
-        if self.filtered_out_in_a_row >= args.rollout_filter_empty_stop_steps:
-            raise RuntimeError(
-                f"The rollout filter kept no group {self.filtered_out_in_a_row} steps in a row "
-                f"(rollout_filter_strategy={args.rollout_filter_strategy!r}, metric={args.rollout_filter_metric!r}, "
-                f"include_zero={args.rollout_filter_include_zero}): every group's score was zero or below the "
-                "threshold, so the policy gets no signal (collapsed, or the task is too hard or too easy). Set "
-                "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
-                "rollout_filter_empty_stop_steps."
-            )
-        if self.empty_steps_in_a_row >= args.max_empty_steps:
-            raise RuntimeError(
-                f"{self.empty_steps_in_a_row} steps in a row had no model token to train on: every kept episode failed "
-                f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
-                f"({args.env_id}) or raise max_empty_steps."
-            )
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.critic is not None and self.model.training and self.state.global_step < self.args.critic_warmup_steps:
-            # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            return loss * 0.0
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-    def _reduce_grads(self, params):
-        """Average the critic's gradients over processes (it is not wrapped in DDP)."""
-        if self.accelerator.num_processes > 1:
-            for p in params:
-                if p.grad is not None:
-                    p.grad = self.accelerator.reduce(p.grad, reduction="mean")
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        if self.critic is not None:  # on every process: gathering a sharded critic optimizer is collective
-            self.critic.save(os.path.join(folder, "value_model"), write=self.args.should_save)
-        if self.args.should_save:  # what the next step's metrics compare against (the last step's reasoning)
-            with open(os.path.join(folder, RUN_STATE_FILE), "w") as f:
-                json.dump(
-                    {
-                        "previous_thinks": getattr(self, "_previous_thinks", None),
-                        "empty_steps_in_a_row": self.empty_steps_in_a_row,
-                        "filtered_out_in_a_row": self.filtered_out_in_a_row,
-                    },
-                    f,
-                )
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            self.load_critic(checkpoint)
-            path = os.path.join(checkpoint, RUN_STATE_FILE)
-            if os.path.isfile(path):
-                with open(path) as f:
-                    state = json.load(f)
-                if state.get("previous_thinks") is not None:
-                    self._previous_thinks = state["previous_thinks"]
-                self.empty_steps_in_a_row = int(state.get("empty_steps_in_a_row", 0))
-                self.filtered_out_in_a_row = int(state.get("filtered_out_in_a_row", 0))
-
-    def load_critic(self, checkpoint: str) -> None:
-        """Restore the critic (weights and optimizer) saved in ``checkpoint/value_model``, if any."""
-        path = os.path.join(checkpoint, "value_model")
-        if self.critic is not None and os.path.isdir(path):
-            self.critic.load(path)
-
-    def save_model(self, output_dir=None, _internal_call=False):
-        super().save_model(output_dir, _internal_call)
-        if self.args.should_save:  # how to play this model's episodes: evaluate.py reads it back
-            folder = output_dir or self.args.output_dir
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, ROLLOUT_SETTINGS_FILE), "w") as f:
-                json.dump(self.args.rollout_settings(), f, indent=2)
-        if self.critic is not None and not _internal_call:  # every process calls save_model, as Trainer expects
-            self.critic.save(
-                os.path.join(output_dir or self.args.output_dir, "value_model"), write=self.args.should_save
-            )
-
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
-        """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
-        if not self.is_world_process_zero():
-            return
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        config = unwrapped.config
-        base = getattr(config, "_name_or_path", None) or None
-        if base is not None and (os.path.isdir(base) or base == "tiny"):
-            base = None  # only Hub ids are linked
-        card = render_model_card(
-            self.args,
-            base,
-            self.evaluation_results,
-            self.recipe,
-            model_name or self.hub_model_id,
-            adapter=hasattr(unwrapped, "peft_config"),
-        )
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        card.save(os.path.join(self.args.output_dir, "README.md"))
-
-    def _log_rollout(self, mode, episodes, trained_tokens, rewards, advantages, num_kept_groups, keep, timings):
+    def _log_rollout(self, mode, episodes, scored: Scored, advantages, trained_tokens: int, timings) -> None:
         """Metrics over the whole gathered batch ``episodes`` (the same on every process); ``advantages``
         are this process's kept episodes', gathered for the sample table; ``trained_tokens`` the tokens
         of this process's training rows (prompt + completion; with a context window, each turn's)."""
-        group = self.num_generations
-        shaping = self.rollout_config.think_shaping.enabled or self.engine.reasoning_reward_fn is not None
-        metrics, thinks = rollout_metrics(
-            episodes,
-            rewards,
-            group,
-            num_kept_groups,
-            self._env_name,
-            timings,
-            self.args.enable_think,
-            getattr(self, "_previous_thinks", None),
-            shaping,
-        )
-        for key, value in metrics.items():
-            self._metrics[mode][key].append(value)
-        if self.args.enable_think:
-            self._previous_thinks = thinks
-        if mode == "train":
-            tokens = int(
-                self.accelerator.gather(torch.tensor(float(trained_tokens), device=self.accelerator.device)).sum()
-            )
+        args: StarPOConfig = self.args
+        self._log(mode, self.step_log.rollout(episodes, scored, timings))
+        if mode == "train":  # this step's rows, every process
+            tokens = int(self._sum_over_processes(torch.tensor(float(trained_tokens), device=self.accelerator.device)))
             self.state.num_input_tokens_seen += tokens
-            self._metrics[mode]["rollout/tokens_trained"].append(float(tokens))  # this step's rows, every process
+            self._log(mode, {"rollout/tokens_trained": float(tokens)})
         # sample episodes for TRL's completions table (log_completions=True): whole conversations
-        all_advantages = (
-            advantages.tolist() if self.accelerator.num_processes == 1 else gather_object(advantages.tolist())
-        )
-        for row in sample_rows([episodes[i] for i in keep.tolist()], all_advantages, self.args.num_sample_episodes):
+        advantages = self._gather_episodes(advantages.tolist())
+        for row in sample_rows([episodes[i] for i in scored.keep.tolist()], advantages, args.num_sample_episodes):
             for key in ("prompt", "completion", "advantages"):
                 self._logs[key].append(row[key])
             self._logs["rewards"]["env"].append(row["reward"])
             for key in ("seed", "success", "turns"):
                 self._logs["extra"][key].append(row[key])
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.critic is not None and self.model.training and self.state.global_step < self.args.critic_warmup_steps:
+            return loss * 0.0  # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
+        return loss
+
+    # -- checkpoints (``starpo_trl.checkpoints``: the critic, the run state, the rollout settings) ----------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        run_state = {**self.step_log.state_dict(), **self.empty_steps.state_dict()}
+        save_checkpoint_extras(folder, self.critic, run_state, write=self.args.should_save)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Trainer calls this on every resume (DDP, DeepSpeed and FSDP alike), after the policy's weights
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            run_state = load_checkpoint_extras(checkpoint, self.critic)
+            self.step_log.load_state_dict(run_state)
+            self.empty_steps.load_state_dict(run_state)
+
+    def load_critic(self, checkpoint: str) -> None:
+        """Restore the critic (weights and optimizer) saved in ``checkpoint/value_model``, if any."""
+        load_critic(checkpoint, self.critic)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        critic = None if _internal_call else self.critic  # every process calls save_model, as Trainer expects
+        save_model_extras(output_dir or self.args.output_dir, self.args, critic, write=self.args.should_save)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
+        """Write ``README.md`` (model card) to ``output_dir``: env, StarPO settings, evaluation table, recipe."""
+        if self.is_world_process_zero():
+            model = self.accelerator.unwrap_model(self.model)
+            name = model_name or self.hub_model_id
+            write_model_card(model, self.args, self.evaluation_results, self.recipe, name, self.args.output_dir)
 
     # -- held-out evaluation ----------------------------------------------------------------------------
     def evaluate_success(self, num_episodes: int | None = None, name: str | None = None) -> dict[str, float]:
@@ -618,26 +363,20 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         (e.g. ``"before RL"``) they are also kept for the model card's evaluation table."""
         args: StarPOConfig = self.args
         n = num_episodes or args.num_eval_episodes
-        seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
         was_training = self.model.training
         self.model.eval()
-        # each process plays every num_processes-th seed; the metrics are over all of them
-        mine = list(seeds)[self.accelerator.process_index :: self.accelerator.num_processes]
-        # in calls of eval_rollout_batch_size episodes (memory grows with episodes x history); every
-        # process makes the same number of calls, as a collective backend needs
-        per_call = args.eval_rollout_batch_size
+        seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
+        where = (self.accelerator.process_index, self.accelerator.num_processes, args.eval_rollout_batch_size)
         metrics, all_episodes = {}, []
-        envs = args.eval_envs()
-        for env in envs:
-            local = []
-            for k in range(math.ceil(math.ceil(n / self.accelerator.num_processes) / per_call)):
-                local += self.play(self._starts(mine[k * per_call : (k + 1) * per_call], env), args.eval_temperature)
+        for env in args.eval_envs():
+            local = [
+                ep for starts in held_out_calls(env, seeds, *where) for ep in self.play(starts, args.eval_temperature)
+            ]
             episodes = self._gather_episodes(local)
             all_episodes += episodes
-            if len(envs) > 1:  # one row block per eval env; the unprefixed metrics are over all of them
+            if len(args.eval_envs()) > 1:  # one row block per eval env; the unprefixed metrics are over all of them
                 metrics.update({f"{env.name}/{k}": v for k, v in episode_metrics(episodes).items()})
-        if was_training:
-            self.model.train()
+        self.model.train(was_training)
         self.last_eval_episodes = all_episodes
         metrics = {**episode_metrics(all_episodes), **metrics}
         if name is not None:

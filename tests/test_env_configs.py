@@ -7,10 +7,34 @@ import pytest
 from helpers import make_args
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.env_configs import EnvConfig, group_envs, parse_env_configs, split_groups
+from starpo_trl.env_configs import (
+    EnvConfig,
+    group_envs,
+    held_out_calls,
+    metrics_name,
+    parse_env_configs,
+    process_starts,
+    split_groups,
+)
+from starpo_trl.rollout import StartState
 
 BANDIT = {"env_id": "starpo/Bandit-v0"}
 LAKE = {"env_id": "starpo/FrozenLake-v0", "env_kwargs": {"is_slippery": False}}
+
+
+def test_start_states_of_a_process_and_of_held_out_calls():
+    a, b = EnvConfig("x/A-v0", {"k": 1}, name="A"), EnvConfig("x/B-v0", name="B")
+    # a step of 4 groups of 2 (envs A, A, B, B) on 2 processes: process 1 holds groups 3 and 4 (both B)
+    envs = [a, a, b, b]
+    assert process_starts(envs, [5, 5, 6, 6], 2, 1) == [StartState("x/B-v0", s, ()) for s in (5, 5, 6, 6)]
+    assert process_starts(envs, [1, 1, 2, 2], 2, 0) == [StartState("x/A-v0", s, (("k", 1),)) for s in (1, 1, 2, 2)]
+    # 7 held-out seeds on 2 processes, 2 per call: process 0 plays 10, 12, 14, 16; process 1 11, 13, 15
+    # and one empty call, so both make ceil(4 / 2) = 2 calls
+    calls = [held_out_calls(b, range(10, 17), rank, 2, 2) for rank in (0, 1)]
+    assert [[s.seed for s in call] for call in calls[0]] == [[10, 12], [14, 16]]
+    assert [[s.seed for s in call] for call in calls[1]] == [[11, 13], [15]]
+    assert metrics_name([a, b], StartState("x/A-v0", 0, (("k", 1),))) == "A"
+    assert metrics_name([a, b], StartState("x/A-v0", 0, ())) == "A-v0"  # no config with these kwargs
 
 
 def test_parse_and_split():

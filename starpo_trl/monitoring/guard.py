@@ -248,3 +248,22 @@ class CollapseGuard(TrainerCallback):
 def rules_from_config(args) -> GuardRules:
     """``GuardRules`` from a ``StarPOConfig``: each rule field ``x`` is the config's ``collapse_guard_x``."""
     return GuardRules(**{f.name: getattr(args, f"collapse_guard_{f.name}") for f in fields(GuardRules)})
+
+
+def build_guard(args, weights_sharded: bool, save_model, critic=None) -> CollapseGuard | None:
+    """The guard a ``StarPOConfig`` asks for (None for ``collapse_guard='off'``). ``stop`` / ``rollback``
+    keep a copy of the weights, refused where ZeRO-3 shards them (``weights_sharded``)."""
+    if args.collapse_guard == "off":
+        return None
+    if args.collapse_guard in ("stop", "rollback") and weights_sharded:
+        raise ValueError(
+            "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use "
+            "collapse_guard='warn' or ZeRO-2."
+        )
+    return CollapseGuard(
+        args.collapse_guard,
+        rules_from_config(args),
+        args.collapse_guard_snapshot_steps,
+        save_model=save_model,
+        critic=critic,
+    )

@@ -7,6 +7,8 @@ and its kwargs, the StarPO settings that matter, the held-out evaluation table (
 
 from __future__ import annotations
 
+import os
+
 from huggingface_hub import ModelCard, ModelCardData
 
 from envs.contract import env_name
@@ -86,7 +88,8 @@ def render_model_card(
     adapter: bool = False,
 ) -> ModelCard:
     """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``
-    (``adapter``: the saved weights are a PEFT adapter on ``base_model``)."""
+    (``adapter``: the saved weights are a PEFT adapter on ``base_model``). Longer than 60 lines on purpose:
+    the card's text as one template, read top to bottom."""
     env = env_name(args.env_id)
     data = ModelCardData(
         base_model=base_model,
@@ -138,3 +141,16 @@ def render_model_card(
         lines += ["", "## Recipe", "", "```yaml", recipe.rstrip(), "```"]
     lines += ["", "## Citation", "", "```bibtex", CITATION, "```", ""]
     return ModelCard("\n".join(lines))
+
+
+def write_model_card(
+    model, args, evaluation: dict[str, dict], recipe: str | None, model_id: str | None, output_dir: str
+) -> None:
+    """``render_model_card`` for the trained (unwrapped) ``model``, saved as ``output_dir/README.md``.
+    Only a Hub id is linked as the base model (not a local folder, not the offline tiny model)."""
+    base = getattr(model.config, "_name_or_path", None) or None
+    if base is not None and (os.path.isdir(base) or base == "tiny"):
+        base = None
+    card = render_model_card(args, base, evaluation, recipe, model_id, adapter=hasattr(model, "peft_config"))
+    os.makedirs(output_dir, exist_ok=True)
+    card.save(os.path.join(output_dir, "README.md"))

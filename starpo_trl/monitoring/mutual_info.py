@@ -220,11 +220,28 @@ def mi_metrics(
     batch_size: int = 16,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    accelerator=None,
 ) -> dict[str, float]:
-    """``mi_from_sample`` of ``mi_sample``, on one process."""
+    """The ``MI_KEYS`` statistics of ``mi_sample(episodes, ...)``, the model in eval mode meanwhile;
+    empty when the sample holds fewer than two inputs. With an ``accelerator`` of several processes
+    this is collective: each process passes its own episodes, every one makes the same number of
+    forward passes (sharded weights gather) and gets the statistics averaged over the processes."""
     sample = mi_sample(episodes, tokenizer, group_size, max_inputs, per_input, turn, generator)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return mi_from_sample(model, sample, pad, batch_size, temperature)
+    batches = -(-len(sample[0]) * len(sample[1]) // batch_size)
+    several = accelerator is not None and accelerator.num_processes > 1
+    if several:
+        batches = int(accelerator.gather(torch.tensor([batches], device=accelerator.device)).max())
+    was_training = model.training
+    model.eval()
+    try:
+        stats = mi_from_sample(model, sample, pad, batch_size, temperature, batches)
+    finally:
+        model.train(was_training)
+    values = torch.tensor([stats.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64)
+    if several:
+        values = accelerator.gather(values[None].to(accelerator.device)).nanmean(dim=0)
+    return {key: value for key, value in zip(MI_KEYS, values.tolist()) if math.isfinite(value)}
 
 
 class EMANormalizer:

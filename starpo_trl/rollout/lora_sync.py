@@ -81,7 +81,14 @@ class AdapterSync:
 
     keep = 2  # adapter folders kept on disk: the one in use and the one before it
 
-    def __init__(self, vllm_generation, model, directory: str | None = None):
+    def __init__(self, vllm_generation, model, directory: str | None = None, sharded: bool = False):
+        """``sharded``: the policy is sharded (ZeRO-3, FSDP), which this sync refuses: it saves the
+        adapter from each process."""
+        if sharded:
+            raise ValueError(
+                "vllm_lora_sync saves the adapter from each process, which ZeRO-3 / FSDP shard: use ZeRO-2 or "
+                "DDP, or vllm_lora_sync=False."
+            )
         self.generation = vllm_generation
         self.model = model  # the unwrapped PeftModel
         self.directory = directory or tempfile.mkdtemp(prefix="starpo-vllm-lora-")

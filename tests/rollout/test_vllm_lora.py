@@ -94,6 +94,8 @@ def test_config_refuses_lora_sync_outside_colocate(tmp_path):
         StarPOConfig(**base, vllm_lora_sync=True, use_vllm=True, vllm_mode="server")
     with pytest.raises(ValueError, match="sleep"):
         StarPOConfig(**base, vllm_lora_sync=True, use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)
+    with pytest.raises(ValueError, match="ZeRO-3 / FSDP shard"):  # the trainer passes sharded=ZeRO-3 or FSDP
+        AdapterSync(None, None, sharded=True)
 
 
 @pytest.fixture

@@ -1,0 +1,65 @@
+"""Steps with nothing to train on, counted, and the run stopped when they go on too long.
+
+A step is empty when no kept row holds a model token: every kept episode failed before the model
+wrote anything, or the rollout filter kept no group. Such a step is skipped: as a Trainer callback,
+``EmptySteps`` drops the gradients before its optimizer step, so AdamW leaves every weight and its
+moments as they were (it skips parameters without a gradient; under DeepSpeed the engine steps
+inside ``backward``, there the step runs with a zero gradient). It also says when to give up, with
+an error that names the cause and what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from transformers import TrainerCallback
+
+
+class EmptySteps(TrainerCallback):
+    """``max_empty_steps`` empty steps in a row (episodes failed), or ``rollout_filter_empty_stop_steps``
+    steps in a row where the filter kept nothing, raise ``RuntimeError``. ``config`` is the ``StarPOConfig``,
+    ``parameters()`` gives the policy's parameters as they are trained (wrapped or not)."""
+
+    def __init__(self, config, parameters: Callable[[], Iterable[torch.nn.Parameter]]):
+        self.config = config
+        self.parameters = parameters
+        self.skip = False  # whether the current step is skipped
+        self.empty_in_a_row = 0
+        self.filtered_out_in_a_row = 0
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.skip:
+            for p in self.parameters():
+                p.grad = None
+
+    def update(self, empty: bool, filtered_out: bool) -> dict[str, float]:
+        """Count one training step (``empty``: no model token to train on; ``filtered_out``: because the
+        filter kept no group); returns its ``rollout/empty_*`` metrics."""
+        args = self.config
+        self.skip = empty
+        self.empty_in_a_row = self.empty_in_a_row + 1 if empty and not filtered_out else 0
+        self.filtered_out_in_a_row = self.filtered_out_in_a_row + 1 if filtered_out else 0
+        if self.filtered_out_in_a_row >= args.rollout_filter_empty_stop_steps:
+            raise RuntimeError(
+                f"The rollout filter kept no group {self.filtered_out_in_a_row} steps in a row "
+                f"(rollout_filter_strategy={args.rollout_filter_strategy!r}, metric={args.rollout_filter_metric!r}, "
+                f"include_zero={args.rollout_filter_include_zero}): every group's score was zero or below the "
+                "threshold, so the policy gets no signal (collapsed, or the task is too hard or too easy). Set "
+                "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
+                "rollout_filter_empty_stop_steps."
+            )
+        if self.empty_in_a_row >= args.max_empty_steps:
+            raise RuntimeError(
+                f"{self.empty_in_a_row} steps in a row had no model token to train on: every kept episode failed "
+                f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
+                f"({args.env_id}) or raise max_empty_steps."
+            )
+        return {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
+
+    def state_dict(self) -> dict[str, int]:
+        return {"empty_steps_in_a_row": self.empty_in_a_row, "filtered_out_in_a_row": self.filtered_out_in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.empty_in_a_row = int(state.get("empty_steps_in_a_row", 0))
+        self.filtered_out_in_a_row = int(state.get("filtered_out_in_a_row", 0))
