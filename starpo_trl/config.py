@@ -105,9 +105,10 @@ class StarPOConfig(GRPOConfig):
             history), `window:K` (a fresh first message with the state K turns ago, then the last K
             turns' tokens as they were), `single_turn` (a fresh first message with the current state
             only). With a window each turn is its own training row (the tokens it was sampled from,
-            then the reply), carrying its trajectory's advantage; the loss must divide by the
-            batch's model tokens (`loss_type` dapo, the default) and the critic estimators are not
-            available yet.
+            then the reply), carrying its trajectory's advantage (with a critic: its own per-token
+            advantages, from values on that row's context and GAE over the episode's replies in
+            turn order); the loss must divide by the batch's model tokens (`loss_type` dapo, the
+            default).
         action_format (`str`, `"answer_tags"`): how a reply acts. `answer_tags`:
             `<think>...</think><answer>...</answer>`, the answer split into actions. `tool_call`: the
             reply's tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format of
@@ -659,11 +660,6 @@ class StarPOConfig(GRPOConfig):
                     f"padded with rows that hold no model token; loss_type={self.loss_type!r} averages per row or "
                     f"micro-batch, which would weigh turns and padding wrongly. Use loss_type in "
                     f"{BATCH_TOKEN_NORMALISED_LOSSES} (loss_aggregation='token-mean')."
-                )
-            if get_estimator(self.advantage_estimator).critic:
-                raise ValueError(
-                    f"context_window={self.context_window!r} with a critic ({self.advantage_estimator}) is not built yet: "
-                    "use advantage_estimator grpo or rloo, or context_window='full'."
                 )
             return
         kept_groups = self.fixed_kept_groups()

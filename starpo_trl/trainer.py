@@ -28,7 +28,7 @@ from starpo_trl.config import StarPOConfig, rollout_config
 from starpo_trl.env_configs import held_out_calls, metrics_name, process_starts, start_state_dataset
 from starpo_trl.monitoring.empty_steps import EmptySteps
 from starpo_trl.monitoring.guard import build_guard
-from starpo_trl.monitoring.metrics import episode_metrics, sample_rows
+from starpo_trl.monitoring.metrics import episode_means, episode_metrics, sample_rows
 from starpo_trl.monitoring.model_card import write_model_card
 from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
@@ -212,9 +212,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             padding = torch.zeros(len(rows) - len(owner))
             batch["advantages"] = torch.cat([episode_advantages[owner], padding]).to(loss_mask.device)
         else:
-            batch["advantages"] = self._critic_advantages(scored, mine, rows, batch, inputs, loss_mask, mode)
-            per_row = (batch["advantages"] * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
-            episode_advantages = per_row[: len(kept)]
+            batch["advantages"] = self._critic_advantages(scored, mine, kept, rows, owner, batch, inputs, mode)
+            episode_advantages = episode_means(batch["advantages"], loss_mask, owner, len(kept))
         self._old_and_ref_logps(batch, *inputs, loss_mask)
         trained_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows[: len(owner)])
         self._log_rollout(mode, episodes, scored, episode_advantages, trained_tokens, rollout.timings)
@@ -241,22 +240,32 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         return rows, batch, loss_mask, (input_ids, attention_mask, batch["completion_ids"].size(1))
 
-    def _critic_advantages(self, scored: Scored, mine: slice, rows, batch, inputs, loss_mask, mode: str):
-        """Per-token advantages (B, T) of this process's ``rows`` (kept episodes, then padding) from the
-        critic (``algorithms.critic_targets``); its targets go into ``batch``. In a training step that
-        is not skipped the critic then learns on them, before the policy's update."""
+    def _critic_advantages(self, scored: Scored, mine: slice, kept, rows, owner, batch, inputs, mode: str):
+        """Per-token advantages (B, T) of this process's ``rows`` (the ``kept`` episodes' rows, ``owner``: each
+        one's episode, then padding) from the critic (``algorithms.critic_targets``); its targets go into
+        ``batch``. In a training step that is not skipped the critic then learns on them, before the
+        policy's update: on the kept episodes (the same number on every process), or with a context window
+        on every row, padding included (row counts differ between processes; padding has no value target)."""
         args: StarPOConfig = self.args
-        kept = rows[: mine.stop - mine.start]
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
         raw, normalized = scored.rewards[scored.keep], scored.kept_rewards
         turn_rewards = critic_turn_rewards(
             [ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args
         )
-        targets = critic_targets(self.critic, rows, turn_rewards, *inputs, loss_mask, args, self._sum_over_processes)
+        targets = critic_targets(
+            self.critic, rows, owner, turn_rewards, *inputs, loss_mask, args, self._sum_over_processes
+        )
         batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
         self._log(mode, self.step_log.critic(targets, loss_mask))
         if mode == "train" and not self.empty_steps.skip:
             for stats in fit_critic(
-                self.critic, inputs, targets, len(kept), args, self.state.global_step, self._average_grads
+                self.critic,
+                inputs,
+                targets,
+                len(kept) if len(owner) == len(kept) else len(rows),
+                args,
+                self.state.global_step,
+                self._average_grads,
             ):
                 self._log(mode, stats)
         return targets.advantages

@@ -8,6 +8,7 @@ configured estimator (``advantage_estimator``), picks the tokens the critic lear
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ class CriticTargets:
 def critic_targets(
     critic,
     rows: list,
+    owner: list[int],
     turn_rewards: list[list[float]],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -37,19 +39,33 @@ def critic_targets(
     args,
     sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> CriticTargets:
-    """Targets for this process's ``rows`` (``Episode``s: kept episodes, then padding rows).
+    """Targets for this process's ``rows`` (``Episode``s: the kept episodes' training rows, then padding).
 
-    ``turn_rewards`` are the kept episodes' (``algorithms.scoring.critic_turn_rewards``); rows after
-    them are padding and get zero rewards. ``args`` gives ``advantage_estimator`` and its settings,
-    ``value_loss_tokens`` (``"all"`` model tokens, or VAGEN's ``"turn_ends"``: each turn's last model
-    token) and ``whiten_advantages``. ``sum_over_processes`` sums a tensor over processes, so the
+    ``owner[i]`` is the kept episode of row ``i`` (padding rows have none) and ``turn_rewards`` are the
+    kept episodes' (``algorithms.scoring.critic_turn_rewards``). With one row per episode the estimator
+    runs on the rows as they are. With a context window (one row per turn, each with the context the
+    model saw) each row's values come from its own context, and the estimator runs on each episode's
+    replies joined in turn order (``join_turn_rows``): GAE bootstraps from turn t to turn t+1 exactly as
+    over a whole-history row, whose env tokens it skips. ``args`` gives ``advantage_estimator`` and its
+    settings, ``value_loss_tokens`` (``"all"`` model tokens, or VAGEN's ``"turn_ends"``: each turn's last
+    model token) and ``whiten_advantages``. ``sum_over_processes`` sums a tensor over processes, so the
     whitening statistics are the whole batch's, as on one process.
     """
     values = critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
-    ends = [ep.turn_end_positions for ep in rows]
-    turn_rewards = list(turn_rewards) + [[0.0] * len(ep.turn_rewards) for ep in rows[len(turn_rewards) :]]
-    advantages, returns = get_estimator(args.advantage_estimator).fn(turn_rewards, ends, values, loss_mask, args)
-    value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(ends, loss_mask)
+    estimator = get_estimator(args.advantage_estimator).fn
+    if len(owner) == len(turn_rewards):  # one row per episode (then padding, with zero rewards)
+        ends = [ep.turn_end_positions for ep in rows]
+        rewards = list(turn_rewards) + [[0.0] * len(ep.turn_rewards) for ep in rows[len(turn_rewards) :]]
+        advantages, returns = estimator(rewards, ends, values, loss_mask, args)
+    else:
+        layout = join_turn_rows(owner, [len(ep.completion_ids) for ep in rows[: len(owner)]], len(turn_rewards))
+        ends = [[p - 1 for p in itertools.accumulate(n for _, n in turns)] for turns in layout]
+        joined = estimator(
+            turn_rewards, ends, gather_turn_rows(values, layout), gather_turn_rows(loss_mask, layout), args
+        )
+        advantages, returns = (scatter_turn_rows(x, layout, values.shape) for x in joined)
+    row_ends = [ep.turn_end_positions for ep in rows]
+    value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(row_ends, loss_mask)
     if args.whiten_advantages:
         m = loss_mask.bool()
         x = advantages[m].double()
@@ -58,6 +74,38 @@ def critic_targets(
             stats = sum_over_processes(stats)
         advantages = whiten(advantages, loss_mask, tuple(stats.tolist()))
     return CriticTargets(advantages, values, returns, value_mask)
+
+
+def join_turn_rows(owner: list[int], lengths: list[int], num_episodes: int) -> list[list[tuple[int, int]]]:
+    """Each episode's turn rows in turn order, as ``(row, reply length)``: how its replies join into one
+    sequence (``owner[i]``: row ``i``'s episode; ``lengths[i]``: its completion, i.e. the turn's reply)."""
+    layout: list[list[tuple[int, int]]] = [[] for _ in range(num_episodes)]
+    for row, (k, n) in enumerate(zip(owner, lengths)):
+        layout[k].append((row, n))
+    return layout
+
+
+def gather_turn_rows(x: torch.Tensor, layout: list[list[tuple[int, int]]]) -> torch.Tensor:
+    """Rows (R, T) -> episodes (E, L): episode ``k``'s replies one after the other, right-padded with 0."""
+    width = max([sum(n for _, n in turns) for turns in layout] + [1])
+    out = x.new_zeros((len(layout), width))
+    for k, turns in enumerate(layout):
+        pos = 0
+        for row, n in turns:
+            out[k, pos : pos + n] = x[row, :n]
+            pos += n
+    return out
+
+
+def scatter_turn_rows(y: torch.Tensor, layout: list[list[tuple[int, int]]], shape) -> torch.Tensor:
+    """The inverse of ``gather_turn_rows``: episodes (E, L) -> rows ``shape`` (R, T), zero elsewhere."""
+    out = y.new_zeros(shape)
+    for k, turns in enumerate(layout):
+        pos = 0
+        for row, n in turns:
+            out[row, :n] = y[k, pos : pos + n]
+            pos += n
+    return out
 
 
 def fit_critic(

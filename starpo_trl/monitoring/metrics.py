@@ -140,3 +140,13 @@ def sample_rows(episodes: list[Episode], advantages: list[float], n: int) -> lis
         }
         for j in picks
     ]
+
+
+def episode_means(advantages: torch.Tensor, mask: torch.Tensor, owner: list[int], num_episodes: int) -> torch.Tensor:
+    """Each episode's mean per-token advantage over its model tokens (``mask``), its rows being those
+    whose ``owner`` it is (rows after ``len(owner)`` are padding). (B, T) -> (num_episodes,)."""
+    n = len(owner)
+    index = torch.tensor(owner, dtype=torch.long)
+    sums = torch.zeros(num_episodes).index_add_(0, index, (advantages[:n] * mask[:n]).sum(1).float().cpu())
+    counts = torch.zeros(num_episodes).index_add_(0, index, mask[:n].sum(1).float().cpu())
+    return sums / counts.clamp(min=1)

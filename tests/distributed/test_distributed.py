@@ -213,6 +213,40 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
 
 
+def test_two_cpu_processes_train_turn_rows_with_a_critic(tmp_path):
+    """A context window (one training row per turn: row counts differ between the processes, each pads its
+    share to the same count) with GAE on FrozenLake: both ranks end with the same policy and critic, the
+    critic moved, and every step trained on turn rows."""
+    out = tmp_path / "run"
+    ranks = _launch(
+        out,
+        29539,
+        "--env_id",
+        "starpo/FrozenLake-v0",
+        "--env_kwargs",
+        '{"is_slippery": false}',
+        "--max_turns",
+        "3",
+        "--max_actions_per_turn",
+        "1",
+        "--context_window",
+        "window:1",
+        "--advantage_estimator",
+        "gae",
+        "--critic_type",
+        "full",
+        "--critic_learning_rate",
+        "0.003",
+        "--max_steps",
+        "2",
+    )
+    assert ranks[0]["global_step"] == 2
+    _assert_ranks_agree_and_the_critic_learned(ranks, out)
+    history = json.loads((out / "report.json").read_text())["log_history"]
+    turns = [row["env/FrozenLake-v0/turns"] for row in history if "env/FrozenLake-v0/turns" in row]
+    assert turns and max(turns) > 1  # several turns: several rows per episode
+
+
 def _assert_ranks_agree_and_the_critic_learned(ranks, out):
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]

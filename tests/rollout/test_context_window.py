@@ -122,9 +122,43 @@ def test_training_with_a_window_trains_one_row_per_turn(tmp_path, tiny_tokenizer
     assert int(batch["num_items_in_batch"]) == model_tokens
     logged = [row["rollout/tokens_trained"] for row in trainer.state.log_history if "rollout/tokens_trained" in row]
     assert logged[0] == sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)  # what the rows hold
-    with pytest.raises(ValueError, match="not built yet"):
-        make_args(tmp_path, context_window="window:1", advantage_estimator="gae")
     with pytest.raises(ValueError, match="loss_type"):
         make_args(tmp_path, context_window="window:1", loss_aggregation="seq-mean-token-mean")
     with pytest.raises(ValueError, match="context_window"):
         make_args(tmp_path, context_window="last:2")
+
+
+def test_a_critic_trains_on_turn_rows(tmp_path, tiny_tokenizer, fresh_model):
+    """With a window and GAE: per-token advantages on every turn row (zero off its reply and on the
+    padding), value targets where the loss is, and the critic updated."""
+    args = make_args(
+        tmp_path,
+        env_id="starpo/FrozenLake-v0",
+        env_kwargs={"is_slippery": False},
+        context_window="window:1",
+        advantage_estimator="gae",
+        max_turns=3,
+        max_steps=1,
+        rollout_filter_ratio=1.0,
+        max_actions_per_turn=1,
+    )
+
+    def replies(call, i):  # some malformed replies: format penalties make the returns differ from zero
+        return "no format" if (call + i) % 3 == 0 else f"<think>go</think><answer>{MOVES[(call + i) % 4]}</answer>"
+
+    backend = ScriptedBackend(tiny_tokenizer, replies, tiny_tokenizer.eos_token_id)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer, backend=backend)
+    before = [p.detach().clone() for p in trainer.critic.trainable_parameters()]
+    batches = []
+    step = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: batches.append(step(inputs)) or batches[-1]
+    trainer.train()
+    batch = batches[0]
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    assert batch["advantages"].shape == mask.shape and len(mask) > args.num_start_states * args.num_generations
+    assert batch["advantages"][mask == 0].abs().sum() == 0 and batch["advantages"][mask == 1].abs().sum() > 0
+    assert torch.equal(batch["value_mask"], mask) and batch["returns"][mask == 0].abs().sum() == 0
+    after = trainer.critic.trainable_parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    logged = {k for r in trainer.state.log_history for k in r}
+    assert {"critic/value_loss", "critic/explained_variance"} <= logged
