@@ -3,8 +3,9 @@ current filter against the paper's and against none.
 
     python benchmarks/learning.py             # both parts (make bench-learning)
     python benchmarks/learning.py ratios      # about 30 minutes on 2 CPU cores
-    python benchmarks/learning.py strategies  # about 25 minutes on 2 CPU cores (FrozenLake)
-    python benchmarks/learning.py windows     # about 25 minutes on 2 CPU cores (FrozenLake)
+    python benchmarks/learning.py strategies  # about 25 minutes per env on 2 CPU cores
+    python benchmarks/learning.py windows     # about 25 minutes per env on 2 CPU cores
+    python benchmarks/learning.py strategies windows --env starpo/Sokoban-v0   # one env; others' results kept
 
 For Bandit and FrozenLake (the CPU demo recipes): one warm start, then for each keep ratio and
 seed 0, 1, 2 a StarPO run from that same warm-started model; reports final held-out success,
@@ -12,12 +13,12 @@ the step where training collapsed (if any) and wall time, draws one PNG per env,
 the paper's ordering held. Collapse: the 5-step moving average of training success falls below
 half of its best value so far (after step 10).
 
-``strategies``: on FrozenLake, from the same warm start, seeds 0, 1, 2 of: the paper's top-k 0.25 by
+``strategies``: on FrozenLake and Sokoban (``--env`` for one), from each env's warm start, seeds 0, 1, 2 of: the paper's top-k 0.25 by
 std, RAGEN's current recommendation (reward variance, linear top-p 0.9, zero-variance groups
 dropped) and no filter; final held-out success, mean kept share of the episodes, steps the
 filter emptied, wall time; into results.json "filter_strategies" and BENCHMARKS.md.
 
-``windows``: on FrozenLake, from the same warm start (trained on whole histories), seeds 0, 1, 2 of
+``windows``: on FrozenLake and Sokoban (``--env`` for one), from each env's warm start (trained on whole histories), seeds 0, 1, 2 of
 ``context_window`` full, window:1 and single_turn (training and held-out evaluation alike): final
 held-out success, mean tokens of the training rows per step, wall time; into results.json
 "context_windows" and BENCHMARKS.md.
@@ -48,10 +49,14 @@ STRATEGIES = {
     },
     "no filter": {"rollout_filter_strategy": "top_k", "rollout_filter_ratio": 1.0},
 }
-STRATEGY_ENVS = ("starpo/FrozenLake-v0",)
+STRATEGY_ENVS = ("starpo/FrozenLake-v0", "starpo/Sokoban-v0")
 WINDOWS = ("full", "window:1", "single_turn")
 SEEDS = (0, 1, 2)
-RECIPES = {"starpo/Bandit-v0": ("demo-cpu-bandit.yaml", 10), "starpo/FrozenLake-v0": ("demo-cpu-frozenlake.yaml", 60)}
+RECIPES = {
+    "starpo/Bandit-v0": ("demo-cpu-bandit.yaml", 10),
+    "starpo/FrozenLake-v0": ("demo-cpu-frozenlake.yaml", 60),
+    "starpo/Sokoban-v0": ("demo-cpu-sokoban.yaml", 60),
+}
 OUT = ROOT / "runs" / "bench-learning"
 
 
@@ -136,7 +141,7 @@ def strategies() -> None:
     from starpo_trl.monitoring.plotting import series
 
     results = {}
-    for env_id in STRATEGY_ENVS:
+    for env_id in ENVS:
         name = env_name(env_id)
         runs = []
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -168,7 +173,14 @@ def strategies() -> None:
             finals = [x["final_success"] for x in runs if x["strategy"] == label]
             summary[label] = {"mean": statistics.mean(finals), "spread": max(finals) - min(finals)}
         order = sorted(STRATEGIES, key=lambda k: -summary[k]["mean"])
-        results[env_id] = {"runs": runs, "summary": summary, "ordering": order, "png": str(png.relative_to(ROOT))}
+        results[env_id] = {
+            "runs": runs,
+            "summary": summary,
+            "ordering": order,
+            "png": str(png.relative_to(ROOT)),
+            **stamp(),
+        }
+    results = {**kept_results("filter_strategies"), **results}
     store("filter_strategies", {"per_env": results, "strategies": STRATEGIES, "seeds": list(SEEDS)})
 
 
@@ -180,7 +192,7 @@ def windows() -> None:
     from envs.contract import env_name
 
     results = {}
-    for env_id in STRATEGY_ENVS:
+    for env_id in ENVS:
         name = env_name(env_id)
         runs = []
         for window, seed, history, final, wall in variant_runs(env_id, {w: {"context_window": w} for w in WINDOWS}):
@@ -204,7 +216,8 @@ def windows() -> None:
             }
             for w in WINDOWS
         }
-        results[env_id] = {"runs": runs, "summary": summary}
+        results[env_id] = {"runs": runs, "summary": summary, **stamp()}
+    results = {**kept_results("context_windows"), **results}
     store("context_windows", {"per_env": results, "windows": list(WINDOWS), "seeds": list(SEEDS)})
 
 
@@ -272,7 +285,33 @@ def ratios() -> None:
     store("learning", {"per_env": results, "ratios": list(RATIOS), "seeds": list(SEEDS)})
 
 
+def stamp() -> dict:
+    """When and at which commit an env's results were measured (sections merge envs run at different times)."""
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return {"env_measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit.stdout.strip()}
+
+
+def kept_results(section: str) -> dict:
+    """The envs of ``section`` that this run does not measure again."""
+    from report import load
+
+    return {k: v for k, v in load().get(section, {}).get("per_env", {}).items() if k not in ENVS}
+
+
+ENVS = STRATEGY_ENVS
+
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["ratios", "strategies"]
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("parts", nargs="*", help="ratios, strategies, windows (default: ratios strategies)")
+    parser.add_argument("--env", action="append", help="strategies / windows on this env only (repeatable)")
+    cli = parser.parse_args()
+    ENVS = tuple(cli.env or STRATEGY_ENVS)
+    parts = cli.parts or ["ratios", "strategies"]
+    if set(parts) - {"ratios", "strategies", "windows"}:
+        parser.error(f"parts are ratios, strategies, windows; got {parts}")
     for part in parts:
         {"ratios": ratios, "strategies": strategies, "windows": windows}[part]()

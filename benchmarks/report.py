@@ -35,6 +35,16 @@ def store(key: str, value) -> dict:
     return results
 
 
+def measured_line(per_env: dict) -> str:
+    """When and at which commit each env of a section was measured (envs can be measured separately)."""
+    stamps = [
+        f"`{env_id}` {e['env_measured_at']} at {e['commit']}"
+        for env_id, e in per_env.items()
+        if "env_measured_at" in e
+    ]
+    return ("Measured: " + "; ".join(stamps) + ".") if stamps else ""
+
+
 def machine() -> str:
     import os
 
@@ -162,7 +172,7 @@ def write(results: dict) -> None:
                     + ", ".join(f"{y['final_success']:.3f}" for y in runs)
                     + f" | {x['tokens_per_step']:.0f} |"
                 )
-        lines.append("")
+        lines += [measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
     if "filter_strategies" in results:
         r = results["filter_strategies"]
         lines += [
@@ -191,7 +201,7 @@ def write(results: dict) -> None:
             lines.append(
                 f"\n`{env_id}` ({e['png']}): ordering by mean final success: " + " > ".join(e["ordering"]) + "."
             )
-        lines.append("")
+        lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
     if "learning" in results:
         r = results["learning"]
         lines += [
