@@ -150,7 +150,7 @@ def test_trainer_pushes_only_the_adapter_with_a_new_request_each_step(
     for step in range(3):
         trainer.state.global_step = step
         before = lora_weights()
-        episodes = trainer.play(trainer._starts([0, 1], EnvConfig("starpo/Bandit-v0")), 1.0)
+        episodes = trainer.play(EnvConfig("starpo/Bandit-v0").starts([0, 1]), 1.0)
         assert len(episodes) == 2 and episodes[0].completion_ids[: len(reply)] == reply
         request = llm.requests[-1]
         assert request is not None and request.lora_int_id == step + 1  # a new id per push: vLLM caches by id
@@ -160,7 +160,7 @@ def test_trainer_pushes_only_the_adapter_with_a_new_request_each_step(
             match = [w for n, w in before.items() if n.replace(".default", "") == name]
             assert len(match) == 1 and torch.equal(match[0], tensor)
         seen.append(request.lora_path)
-        trainer.play(trainer._starts([0], EnvConfig("starpo/Bandit-v0")), 1.0)  # same step: no new push
+        trainer.play(EnvConfig("starpo/Bandit-v0").starts([0]), 1.0)  # same step: no new push
         assert llm.requests[-1] is request
         with torch.no_grad():  # stand-in for an optimizer step
             for p in trainer.model.parameters():
