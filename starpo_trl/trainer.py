@@ -22,28 +22,19 @@ from trl.trainer.utils import use_adapter
 
 from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.critic_targets import critic_targets, fit_critic
-from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, score_rollout
+from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, env_reward, score_rollout
 from starpo_trl.checkpoints import load_checkpoint_extras, load_critic, save_checkpoint_extras, save_model_extras
 from starpo_trl.config import StarPOConfig, rollout_config
 from starpo_trl.env_configs import held_out_calls, metrics_name, process_starts, start_state_dataset
 from starpo_trl.monitoring.empty_steps import EmptySteps
 from starpo_trl.monitoring.guard import build_guard
-from starpo_trl.monitoring.metrics import episode_means, episode_metrics, sample_rows
+from starpo_trl.monitoring.metrics import episode_means, held_out_metrics, sample_rows
 from starpo_trl.monitoring.model_card import write_model_card
 from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
-
-
-def env_reward(completions, episode_reward, **kwargs) -> list[float]:
-    """TRL reward function for episodes: the env's total reward (plus format penalties) of each one.
-
-    GRPOTrainer requires a reward source; for episodes it is the env, and the trainer fills
-    ``episode_reward`` itself, so this function only reads it back.
-    """
-    return [float(r) for r in episode_reward]
 
 
 class MultiTurnStarPOTrainer(GRPOTrainer):
@@ -248,25 +239,16 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         on every row, padding included (row counts differ between processes; padding has no value target)."""
         args: StarPOConfig = self.args
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        raw, normalized = scored.rewards[scored.keep], scored.kept_rewards
-        turn_rewards = critic_turn_rewards(
-            [ep.turn_rewards for ep in kept], raw, normalized, mine, self.num_generations, args
-        )
-        targets = critic_targets(
-            self.critic, rows, owner, turn_rewards, *inputs, loss_mask, args, self._sum_over_processes
-        )
+        turns, raw, normalized = [ep.turn_rewards for ep in kept], scored.rewards[scored.keep], scored.kept_rewards
+        turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, args)
+        sum_all = self._sum_over_processes
+        targets = critic_targets(self.critic, rows, owner, turn_rewards, *inputs, loss_mask, args, sum_all)
         batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
         self._log(mode, self.step_log.critic(targets, loss_mask))
         if mode == "train" and not self.empty_steps.skip:
-            for stats in fit_critic(
-                self.critic,
-                inputs,
-                targets,
-                len(kept) if len(owner) == len(kept) else len(rows),
-                args,
-                self.state.global_step,
-                self._average_grads,
-            ):
+            n = len(kept) if len(owner) == len(kept) else len(rows)
+            step, reduce = self.state.global_step, self._average_grads
+            for stats in fit_critic(self.critic, inputs, targets, n, args, step, reduce):
                 self._log(mode, stats)
         return targets.advantages
 
@@ -376,18 +358,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.model.eval()
         seeds = range(args.eval_seed_offset, args.eval_seed_offset + n)
         where = (self.accelerator.process_index, self.accelerator.num_processes, args.eval_rollout_batch_size)
-        metrics, all_episodes = {}, []
+        played = {}  # eval env name -> its episodes, every process's
         for env in args.eval_envs():
-            local = [
-                ep for starts in held_out_calls(env, seeds, *where) for ep in self.play(starts, args.eval_temperature)
-            ]
-            episodes = self._gather_episodes(local)
-            all_episodes += episodes
-            if len(args.eval_envs()) > 1:  # one row block per eval env; the unprefixed metrics are over all of them
-                metrics.update({f"{env.name}/{k}": v for k, v in episode_metrics(episodes).items()})
+            calls = held_out_calls(env, seeds, *where)
+            played[env.name] = self._gather_episodes([ep for s in calls for ep in self.play(s, args.eval_temperature)])
         self.model.train(was_training)
-        self.last_eval_episodes = all_episodes
-        metrics = {**episode_metrics(all_episodes), **metrics}
+        self.last_eval_episodes = [ep for episodes in played.values() for ep in episodes]
+        metrics = held_out_metrics(played)
         if name is not None:
             self.evaluation_results[name] = metrics
         return metrics

@@ -56,5 +56,5 @@ def test_no_long_function_without_a_reason():
 
 
 def test_the_trainer_stays_thin():
-    """The trainer only orchestrates (docs/architecture.md): under 400 lines (676 before the layers)."""
-    assert len((ROOT / "starpo_trl" / "trainer.py").read_text().splitlines()) <= 400
+    """The trainer only orchestrates (docs/architecture.md): at most 380 lines (676 before the layers)."""
+    assert len((ROOT / "starpo_trl" / "trainer.py").read_text().splitlines()) <= 380

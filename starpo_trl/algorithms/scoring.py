@@ -153,3 +153,12 @@ def add_function_rewards(episodes, reward_funcs) -> dict[str, float]:
             ep.turn_rewards[-1] += value
         means[fn.__name__] = sum(values) / len(values)
     return means
+
+
+def env_reward(completions, episode_reward, **kwargs) -> list[float]:
+    """TRL reward function for episodes: the env's total reward (plus format penalties) of each one.
+
+    GRPOTrainer requires a reward source; for episodes it is the env, and the trainer fills
+    ``episode_reward`` itself, so this function only reads it back.
+    """
+    return [float(r) for r in episode_reward]

@@ -150,3 +150,13 @@ def episode_means(advantages: torch.Tensor, mask: torch.Tensor, owner: list[int]
     sums = torch.zeros(num_episodes).index_add_(0, index, (advantages[:n] * mask[:n]).sum(1).float().cpu())
     counts = torch.zeros(num_episodes).index_add_(0, index, mask[:n].sum(1).float().cpu())
     return sums / counts.clamp(min=1)
+
+
+def held_out_metrics(played: dict[str, list[Episode]]) -> dict[str, float]:
+    """The held-out table from each eval env's episodes (env name -> episodes): ``episode_metrics`` over
+    all of them, and with several envs also ``<name>/<metric>`` per env."""
+    metrics = episode_metrics([ep for episodes in played.values() for ep in episodes])
+    if len(played) > 1:
+        for name, episodes in played.items():
+            metrics.update({f"{name}/{k}": v for k, v in episode_metrics(episodes).items()})
+    return metrics
