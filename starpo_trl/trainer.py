@@ -171,12 +171,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self._log(mode, {f"rewards/{name}/mean": mean for name, mean in rewards.items()})
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
-            self._log(
-                mode,
-                self.step_log.mutual_information(
-                    self.model, rollout, self._tokenizer, self.temperature, self.state.global_step, self.accelerator
-                ),
+            step, tokenizer = self.state.global_step, self._tokenizer  # MI metrics on this process's episodes
+            mi = self.step_log.mutual_information(
+                self.model, rollout, tokenizer, self.temperature, step, self.accelerator
             )
+            self._log(mode, mi)
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         scored = score_rollout(
             [ep.reward for ep in episodes],
@@ -194,9 +193,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         kept = [episodes[i] for i in scored.keep[mine].tolist()]
         rows, owner = episode_rows(kept)  # one per kept episode, or with a context window one per turn
         rows, batch, loss_mask, inputs = self._batch(rows, episodes[0], failed[scored.keep[mine]][owner])
-        if mode == "train":  # nothing to train on: no optimizer step
+        if mode == "train":
             self.step_log.record_kept_groups(scored)
-            empty = int(batch["num_items_in_batch"]) == 0
+            empty = int(batch["num_items_in_batch"]) == 0  # nothing to train on: no optimizer step
             self._log(mode, self.empty_steps.update(empty, filtered_out=len(scored.kept_groups) == 0))
         if scored.advantages is not None:  # a trajectory's advantage on each of its rows
             episode_advantages = scored.advantages[mine]
@@ -215,12 +214,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         (a multiple of ``steps_per_generation``) with rows that hold no model token, and as TRL's batch;
         also its loss mask and the model inputs ``(input_ids, attention_mask, logits_to_keep)``."""
         n, device = len(rows), self.accelerator.device
-        total = (
-            n
-            if self.accelerator.num_processes == 1
-            else int(self.accelerator.gather(torch.tensor([n], device=device)).max())
-        )
-        rows = rows + [rows[0] if rows else spare] * (padded_rows(total, self.args.steps_per_generation) - n)
+        if self.accelerator.num_processes > 1:  # the most rows any process holds
+            n_max = int(self.accelerator.gather(torch.tensor([n], device=device)).max())
+        else:
+            n_max = n
+        rows = rows + [rows[0] if rows else spare] * (padded_rows(n_max, self.args.steps_per_generation) - n)
         batch = episodes_to_tensors(rows, self._tokenizer.pad_token_id, device)
         if self.args.env_error_policy == "exclude":
             batch["tool_mask"][:n][failed.to(device)] = 0
