@@ -156,6 +156,7 @@ def main(replay: bool = False) -> None:
             "success_halved_step": halved,
             "retrieval_first_step": next((e["step"] for e in events if "retrieval" in e["rules"]), None),
             "mi_overhead": mi_overhead(history),
+            **mi_summary(history),
             "wall_seconds": report["wall_seconds"],
             "png": str(png.relative_to(ROOT)),
         }
@@ -181,6 +182,24 @@ def main(replay: bool = False) -> None:
             ),
         },
     )
+
+
+def mi_summary(history: list[dict]) -> dict:
+    """How much the reasoning depended on the input over the run: the MI passes' mean retrieval
+    accuracy, its chance level and the mean I(X;Z) estimate."""
+    rows = [r for r in history if "collapse/retrieval_accuracy" in r]
+    if not rows:
+        return {"mi_passes": 0}
+
+    def mean(key):
+        return round(sum(r[key] for r in rows) / len(rows), 4)
+
+    return {
+        "mi_passes": len(rows),
+        "mi_retrieval_mean": mean("collapse/retrieval_accuracy"),
+        "mi_chance_mean": mean("collapse/retrieval_chance"),
+        "mi_estimate_mean": mean("collapse/mi_estimate"),
+    }
 
 
 def mi_overhead(history: list[dict]) -> float | None:
