@@ -225,6 +225,8 @@ def test_two_cpu_processes_train_turn_rows_with_a_critic(tmp_path):
         "starpo/FrozenLake-v0",
         "--env_kwargs",
         '{"is_slippery": false}',
+        "--warm_start_episodes",  # no warm start: the untrained model's format penalties give the critic returns
+        "0",
         "--max_turns",
         "3",
         "--max_actions_per_turn",
