@@ -53,10 +53,10 @@ def critic_targets(
     """
     values = critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
     estimator = get_estimator(args.advantage_estimator).fn
+    row_ends = [ep.turn_end_positions for ep in rows]
     if len(owner) == len(turn_rewards):  # one row per episode (then padding, with zero rewards)
-        ends = [ep.turn_end_positions for ep in rows]
         rewards = list(turn_rewards) + [[0.0] * len(ep.turn_rewards) for ep in rows[len(turn_rewards) :]]
-        advantages, returns = estimator(rewards, ends, values, loss_mask, args)
+        advantages, returns = estimator(rewards, row_ends, values, loss_mask, args)
     else:
         layout = join_turn_rows(owner, [len(ep.completion_ids) for ep in rows[: len(owner)]], len(turn_rewards))
         ends = [[p - 1 for p in itertools.accumulate(n for _, n in turns)] for turns in layout]
@@ -64,7 +64,6 @@ def critic_targets(
             turn_rewards, ends, gather_turn_rows(values, layout), gather_turn_rows(loss_mask, layout), args
         )
         advantages, returns = (scatter_turn_rows(x, layout, values.shape) for x in joined)
-    row_ends = [ep.turn_end_positions for ep in rows]
     value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(row_ends, loss_mask)
     if args.whiten_advantages:
         m = loss_mask.bool()
@@ -85,26 +84,29 @@ def join_turn_rows(owner: list[int], lengths: list[int], num_episodes: int) -> l
     return layout
 
 
+def _spans(layout: list[list[tuple[int, int]]]):
+    """``(episode, row, start, length)`` of every reply: where row ``row``'s reply sits in its episode's
+    joined sequence."""
+    for k, turns in enumerate(layout):
+        starts = itertools.accumulate((n for _, n in turns), initial=0)
+        for (row, n), pos in zip(turns, starts):
+            yield k, row, pos, n
+
+
 def gather_turn_rows(x: torch.Tensor, layout: list[list[tuple[int, int]]]) -> torch.Tensor:
     """Rows (R, T) -> episodes (E, L): episode ``k``'s replies one after the other, right-padded with 0."""
     width = max([sum(n for _, n in turns) for turns in layout] + [1])
     out = x.new_zeros((len(layout), width))
-    for k, turns in enumerate(layout):
-        pos = 0
-        for row, n in turns:
-            out[k, pos : pos + n] = x[row, :n]
-            pos += n
+    for k, row, pos, n in _spans(layout):
+        out[k, pos : pos + n] = x[row, :n]
     return out
 
 
 def scatter_turn_rows(y: torch.Tensor, layout: list[list[tuple[int, int]]], shape) -> torch.Tensor:
     """The inverse of ``gather_turn_rows``: episodes (E, L) -> rows ``shape`` (R, T), zero elsewhere."""
     out = y.new_zeros(shape)
-    for k, turns in enumerate(layout):
-        pos = 0
-        for row, n in turns:
-            out[row, :n] = y[k, pos : pos + n]
-            pos += n
+    for k, row, pos, n in _spans(layout):
+        out[row, :n] = y[k, pos : pos + n]
     return out
 
 

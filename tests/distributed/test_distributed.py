@@ -11,6 +11,8 @@ from accelerate.commands.config.config_args import load_config_from_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
+# GAE with a full critic, as the 2-process critic tests train it
+FULL_CRITIC = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003"]
 
 
 def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
@@ -148,12 +150,7 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
         "false",
     ]
     critic = [
-        "--advantage_estimator",
-        "gae",
-        "--critic_type",
-        "full",
-        "--critic_learning_rate",
-        "0.003",
+        *FULL_CRITIC,
         "--save_strategy",
         "steps",
         "--save_steps",
@@ -233,12 +230,7 @@ def test_two_cpu_processes_train_turn_rows_with_a_critic(tmp_path):
         "1",
         "--context_window",
         "window:1",
-        "--advantage_estimator",
-        "gae",
-        "--critic_type",
-        "full",
-        "--critic_learning_rate",
-        "0.003",
+        *FULL_CRITIC,
         "--max_steps",
         "2",
     )
