@@ -1,6 +1,7 @@
 """The collapse guard on a real CPU run: a recipe pushed into collapse vs the StarPO-S recipe.
 
     python benchmarks/collapse.py        # about 40 minutes on 2 CPU cores (make bench-collapse)
+    python benchmarks/collapse.py --real # SmolLM2-135M-Instruct pushed into collapse (about an hour)
 
 Both runs start from the same warm-started tiny model on non-slippery FrozenLake (the CPU demo),
 with `collapse_guard=warn` and its default thresholds, side by side in two processes:
@@ -16,6 +17,13 @@ The events are those of the guard's rules with the shipped defaults run over eac
 `python benchmarks/collapse.py --replay` re-judges saved runs after a change of the rules without
 training again. Each run's dashboard (success, reward std, entropy, grad norm, diversity, guard
 events) is saved beside the results as benchmarks/collapse-<run>.png.
+
+`--real` asks the same question of a real model, where the reasoning reads its input (the tiny
+model's reasoning is template words, so its MI metrics sit at chance): SmolLM2-135M-Instruct after
+`recipes/smollm2-cpu-frozenlake.yaml` (the model that run saved in runs/smollm2-frozenlake) is
+trained on with that recipe's rollouts, but plain GRPO (no filter, no entropy bonus), the learning
+rate ramped to 10x the recipe's over the first half, and the MI pass every 2 steps. One run
+("real-collapse"; its results go to the "collapse_real" section).
 """
 
 from __future__ import annotations
@@ -44,6 +52,19 @@ RUNS = {
     ),
     "starpo-s": dict(),  # the demo recipe as it is
 }
+RECIPE = "demo-cpu-frozenlake.yaml"
+REAL_STEPS = 24
+REAL_RECIPE = "smollm2-cpu-frozenlake.yaml"
+REAL_FROM = ROOT / "runs" / "smollm2-frozenlake"  # that recipe's model after its 20 StarPO-S steps
+REAL_RUN = dict(
+    max_steps=REAL_STEPS,
+    rollout_filter_ratio=1.0,
+    entropy_coef=0.0,
+    learning_rate=2e-4,
+    lr_scheduler_type="constant_with_warmup",
+    warmup_steps=REAL_STEPS // 2,
+    mi_metrics_every=2,
+)
 
 
 def warm_model() -> pathlib.Path:
@@ -63,28 +84,23 @@ def warm_model() -> pathlib.Path:
     return warm_dir
 
 
-def worker(name: str) -> None:
+def worker(
+    name: str, recipe: str = RECIPE, model_dir: pathlib.Path = OUT / "warm", settings: dict | None = None
+) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
+    import torch
     from learning import parse
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from starpo_trl import MultiTurnStarPOTrainer
 
-    warm_dir = OUT / "warm"
     out = OUT / name
-    _, args, _, _ = parse(
-        "demo-cpu-frozenlake.yaml",
-        output_dir=str(out),
-        max_steps=STEPS,
-        collapse_guard="warn",
-        disable_tqdm=True,
-        **RUNS[name],
-    )
-    trainer = MultiTurnStarPOTrainer(
-        AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=AutoTokenizer.from_pretrained(warm_dir)
-    )
+    settings = {"max_steps": STEPS, **(RUNS[name] if settings is None else settings)}
+    _, args, _, _ = parse(recipe, output_dir=str(out), collapse_guard="warn", disable_tqdm=True, **settings)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = MultiTurnStarPOTrainer(model, args, processing_class=AutoTokenizer.from_pretrained(model_dir))
     start = time.time()
     trainer.train()
     with open(out / "report.json", "w") as f:
@@ -116,7 +132,7 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
 
     from starpo_trl.monitoring.guard import CollapseMonitor, rules_from_config, signals_from_logs
 
-    _, args, _, _ = parse("demo-cpu-frozenlake.yaml")
+    _, args, _, _ = parse(RECIPE)
     monitor, events = CollapseMonitor(rules_from_config(args)), []
     for row in history:
         if "loss" in row or "grad_norm" in row:
@@ -129,8 +145,6 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
 def main(replay: bool = False) -> None:
     from report import store
 
-    from starpo_trl.monitoring.plotting import plot_dashboard
-
     if not replay:
         warm_model()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -138,29 +152,7 @@ def main(replay: bool = False) -> None:
         for name, proc in procs.items():
             if proc.wait() != 0:
                 raise SystemExit(f"run {name} failed")
-    results = {}
-    for name in RUNS:
-        report = json.loads((OUT / name / "report.json").read_text())
-        history = [{k: v for k, v in row.items() if not k.startswith("guard/")} for row in report["log_history"]]
-        events = guard_events(history, "FrozenLake-v0")
-        early, halved = halved_step(history, "env/FrozenLake-v0/success")
-        png = HERE / f"collapse-{name}.png"
-        plot_dashboard(history, str(png), "FrozenLake-v0", events, title=f"{name}: FrozenLake-v0, collapse_guard=warn")
-        first = events[0] if events else None
-        results[name] = {
-            "settings": RUNS[name] or "demo recipe",
-            "guard_first_step": first["step"] if first else None,
-            "guard_rules": [e["rules"] for e in events],
-            "guard_steps": [e["step"] for e in events],
-            "early_success": round(early, 4),
-            "success_halved_step": halved,
-            "retrieval_first_step": next((e["step"] for e in events if "retrieval" in e["rules"]), None),
-            "mi_overhead": mi_overhead(history),
-            **mi_summary(history),
-            "wall_seconds": report["wall_seconds"],
-            "png": str(png.relative_to(ROOT)),
-        }
-        print(name, results[name], flush=True)
+    results = {name: summarise(name, RUNS[name] or "demo recipe") for name in RUNS}
     c, s = results["collapse"], results["starpo-s"]
     store(
         "collapse",
@@ -184,6 +176,71 @@ def main(replay: bool = False) -> None:
     )
 
 
+def summarise(name: str, settings, every: int | None = None) -> dict:
+    """One run's results: the guard's events, early success and when it halved, the MI summary, its dashboard."""
+    from starpo_trl.monitoring.plotting import plot_dashboard
+
+    report = json.loads((OUT / name / "report.json").read_text())
+    history = [{k: v for k, v in row.items() if not k.startswith("guard/")} for row in report["log_history"]]
+    events = guard_events(history, "FrozenLake-v0")
+    early, halved = halved_step(history, "env/FrozenLake-v0/success")
+    png = HERE / f"collapse-{name}.png"
+    plot_dashboard(history, str(png), "FrozenLake-v0", events, title=f"{name}: FrozenLake-v0, collapse_guard=warn")
+    first = events[0] if events else None
+    result = {
+        "settings": settings,
+        "guard_first_step": first["step"] if first else None,
+        "guard_rules": [e["rules"] for e in events],
+        "guard_steps": [e["step"] for e in events],
+        "early_success": round(early, 4),
+        "success_halved_step": halved,
+        "retrieval_first_step": next((e["step"] for e in events if "retrieval" in e["rules"]), None),
+        "mi_overhead": mi_overhead(history, every),
+        **mi_summary(history),
+        "wall_seconds": report["wall_seconds"],
+        "png": str(png.relative_to(ROOT)),
+    }
+    print(name, result, flush=True)
+    return result
+
+
+def real(replay: bool = False) -> None:
+    """SmolLM2-135M-Instruct after its FrozenLake recipe, pushed into collapse with the MI pass every 2 steps."""
+    from report import store
+
+    if not replay:
+        if not (REAL_FROM / "model.safetensors").exists():
+            raise SystemExit(
+                f"{REAL_FROM} holds no model: run `python train.py --config recipes/{REAL_RECIPE}` first "
+                "(about 80 minutes on 2 CPU cores)."
+            )
+        worker("real-collapse", REAL_RECIPE, REAL_FROM, REAL_RUN)
+    result = summarise("real-collapse", REAL_RUN, every=REAL_RUN["mi_metrics_every"])
+    history = json.loads((OUT / "real-collapse" / "report.json").read_text())["log_history"]
+    mi_rows = [r for r in history if "collapse/retrieval_accuracy" in r]
+    store(
+        "collapse_real",
+        {
+            "model": "SmolLM2-135M-Instruct (after recipes/smollm2-cpu-frozenlake.yaml)",
+            "steps": REAL_STEPS,
+            "run": result,
+            "mi_passes": [
+                {
+                    k: r.get(k)
+                    for k in (
+                        "step",
+                        "collapse/retrieval_accuracy",
+                        "collapse/retrieval_chance",
+                        "collapse/mi_estimate",
+                        "collapse/mi_zscore",
+                    )
+                }
+                for r in mi_rows
+            ],
+        },
+    )
+
+
 def mi_summary(history: list[dict]) -> dict:
     """How much the reasoning depended on the input over the run: the MI passes' mean retrieval
     accuracy, its chance level and the mean I(X;Z) estimate."""
@@ -202,16 +259,16 @@ def mi_summary(history: list[dict]) -> dict:
     }
 
 
-def mi_overhead(history: list[dict]) -> float | None:
-    """The MI pass's share of training time: its mean seconds, once per ``mi_metrics_every`` steps, over
-    the mean step time (None when the run logged no MI pass)."""
+def mi_overhead(history: list[dict], every: int | None = None) -> float | None:
+    """The MI pass's share of training time: its mean seconds, once per ``every`` steps (default: the demo
+    recipe's ``mi_metrics_every``), over the mean step time (None when the run logged no MI pass)."""
     from learning import parse
 
     mi = [r["collapse/mi_seconds"] for r in history if "collapse/mi_seconds" in r]
     steps = [r["step_time"] for r in history if "step_time" in r]
     if not mi or not steps:
         return None
-    every = parse("demo-cpu-frozenlake.yaml")[1].mi_metrics_every
+    every = every or parse(RECIPE)[1].mi_metrics_every
     return round(sum(mi) / len(mi) / every / (sum(steps) / len(steps)), 4)
 
 
@@ -226,5 +283,7 @@ def crash_rows(history: list[dict]) -> list[tuple[int, float]]:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
+    elif "--real" in sys.argv:
+        real(replay="--replay" in sys.argv)
     else:
         main(replay="--replay" in sys.argv)

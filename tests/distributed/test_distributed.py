@@ -15,7 +15,9 @@ CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 FULL_CRITIC = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003"]
 
 
-def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
+def _launch(out, port, *extra, model=None, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
+    """train.py on the CPU Bandit demo recipe in 2 processes, from ``model`` (a saved warm start, see
+    conftest.warm_bandit) or the untrained tiny model; no warm start inside the launch. Returns each rank's summary."""
     # DeepSpeed and FSDP on CPU processes go through tests/sharded_cpu.py (accelerate starts them only on accelerators)
     script = (
         [str(ROOT / "tests/distributed/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"]
@@ -33,12 +35,9 @@ def _launch(out, port, *extra, config=ROOT / "accelerate_configs/cpu_2proc.yaml"
         *script,
         "--config",
         str(ROOT / "recipes/demo-cpu-bandit.yaml"),
+        *(["--model_name_or_path", str(model)] if model else []),
         "--warm_start_episodes",
-        "600",
-        "--warm_start_epochs",
-        "1",
-        "--warm_start_noise",
-        "0.5",
+        "0",
         "--num_start_states",
         "4",
         "--num_generations",
@@ -93,21 +92,9 @@ def test_every_accelerate_config_loads():
     assert load_config_from_file(str(ROOT / "accelerate_configs/fsdp2.yaml")).fsdp_config["fsdp_version"] == 2
 
 
-def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
+def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path, warm_bandit):
     out = tmp_path / "run"
-    # later flags win: a longer warm start than _launch's, so that rewards differ within groups
-    ranks = _launch(
-        out,
-        29533,
-        "--warm_start_episodes",
-        "1200",
-        "--warm_start_epochs",
-        "2",
-        "--num_eval_episodes",
-        "8",
-        "--max_steps",
-        "2",
-    )
+    ranks = _launch(out, 29533, "--num_eval_episodes", "8", "--max_steps", "2", model=warm_bandit)
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     # the filter saw all 4 groups (both processes' episodes) and kept the top half by std, the same on both ranks
     assert ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
@@ -124,7 +111,7 @@ def test_two_cpu_processes_agree_on_kept_groups_and_weights(tmp_path):
     assert any(row.get("grad_norm", 0) > 0 for row in history)  # the policy was updated
 
 
-def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
+def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path, warm_bandit):
     """GAE with a full critic on 2 processes: the critic moves, stays bit-identical across ranks (its AdamW
     state is sharded between them), is saved whole in the checkpoint, and a 2-process resume continues.
     The filter is RAGEN's current one (reward variance, linear top_p 0.9, zero groups dropped), whose kept count
@@ -136,10 +123,6 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
 
     out = tmp_path / "run"
     varying_filter = [
-        "--warm_start_episodes",  # as the first test: rewards that differ within groups
-        "1200",
-        "--warm_start_epochs",
-        "2",
         "--rollout_filter_strategy",
         "top_p",
         "--rollout_filter_ratio",
@@ -156,7 +139,7 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
         "--save_steps",
         "2",
     ]
-    ranks = _launch(out, 29535, *critic, *varying_filter, "--max_steps", "2")
+    ranks = _launch(out, 29535, *critic, *varying_filter, "--max_steps", "2", model=warm_bandit)
     assert ranks[0]["global_step"] == 2 and ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
     for rollout in ranks[0]["kept_groups"]:
         std = torch.tensor([float("nan") if x < 0 else x for x in rollout["group_std"]])
@@ -169,7 +152,16 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     assert len(state["state"]) == len(load_file(saved / "critic.safetensors"))  # both shards' moments, gathered
     # resume on 2 processes from the checkpoint (the sharded optimizer loads its share of the gathered state),
     # with the paper's fixed-count filter: a step that keeps nothing would leave the critic as it was
-    resumed = _launch(out, 29537, *critic, "--max_steps", "3", "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    resumed = _launch(
+        out,
+        29537,
+        *critic,
+        "--max_steps",
+        "3",
+        "--resume_from_checkpoint",
+        str(out / "checkpoint-2"),
+        model=warm_bandit,
+    )
     assert resumed[0]["global_step"] == 3 and len(resumed[0]["kept_groups"]) == 1
     assert resumed[0]["critic_sha256"] == resumed[1]["critic_sha256"] != ranks[0]["critic_sha256"]
     assert resumed[0]["weights_sha256"] == resumed[1]["weights_sha256"]
@@ -182,7 +174,7 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path):
     assert step3 and step3[-1]["values/std"] > 0
 
 
-def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
+def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path, warm_bandit):
     """The LoRA critic (a second adapter inside the DDP-wrapped policy, updated outside DDP) starts, moves and ends
     bit-identical on both ranks."""
     out = tmp_path / "run"
@@ -204,6 +196,7 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path):
         "0.003",
         "--max_steps",
         "2",
+        model=warm_bandit,
     )
     assert ranks[0]["critic_initial_sha256"] == ranks[1]["critic_initial_sha256"]
     assert ranks[0]["critic_sha256"] == ranks[1]["critic_sha256"] != ranks[0]["critic_initial_sha256"]
@@ -222,8 +215,7 @@ def test_two_cpu_processes_train_turn_rows_with_a_critic(tmp_path):
         "starpo/FrozenLake-v0",
         "--env_kwargs",
         '{"is_slippery": false}',
-        "--warm_start_episodes",  # no warm start: the untrained model's format penalties give the critic returns
-        "0",
+        # the untrained model (no warm start): its format penalties give the critic returns
         "--max_turns",
         "3",
         "--max_actions_per_turn",
@@ -280,9 +272,7 @@ def test_zero3_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
         "steps",
         "--save_steps",
         "1",
-        "--warm_start_episodes",
-        "0",
-    ]  # no warm start under DeepSpeed (train.py refuses it)
+    ]  # the untrained model: no warm start under DeepSpeed (train.py refuses it)
     ranks = _launch(out, 29543, *critic, "--max_steps", "2", config=config, sharded=True)
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
     total = ranks[0]["critic_numel"]
@@ -336,8 +326,6 @@ def test_zero2_trains_a_lora_critic_in_step(tmp_path):
         "0.003",
         "--max_steps",
         "2",
-        "--warm_start_episodes",
-        "0",
         config=_zero_config(tmp_path, 2),
         sharded=True,
     )
@@ -362,8 +350,6 @@ def test_fsdp2_shards_the_critic_with_the_policy_saves_and_resumes(tmp_path):
         "steps",
         "--save_steps",
         "1",
-        "--warm_start_episodes",
-        "0",
     ]
     ranks = _launch(out, 29549, *critic, "--max_steps", "2", config=config, sharded=True)
     assert [r["num_processes"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 2
