@@ -309,6 +309,8 @@ def write(results: dict) -> None:
             "reward std has to be measured on a real model.",
             "",
         ]
+    if "collapse_real" in results:
+        lines += collapse_real_lines(results["collapse_real"])
     if "real_model" in results:
         r = results["real_model"]
         lines += [
@@ -389,3 +391,32 @@ def write(results: dict) -> None:
             "",
         ]
     MARKDOWN.write_text("\n".join(lines))
+
+
+def collapse_real_lines(r: dict) -> list[str]:
+    """The collapse benchmark on the real model (`collapse.py --real`): one run, its guard events and MI passes."""
+    x = r["run"]
+    events = "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(x["guard_steps"], x["guard_rules"])) or "none"
+    lines = [
+        f"## Collapse guard and MI on the real model (`python benchmarks/collapse.py --real`, {r['machine']}, {r['measured_at']})",
+        "",
+        f"{r['model']}, pushed into collapse for {r['steps']} steps on its FrozenLake rollouts: "
+        + ", ".join(f"`{k}={v}`" for k, v in x["settings"].items())
+        + ". Early success = mean train success of the first 10 rollouts; halved = first step whose 5-rollout moving "
+        "average is below half of it.",
+        "",
+        "| early success | guard events (step: rules) | MI rule fired | success halved at | MI pass share of step time | wall s | dashboard |",
+        "|---|---|---|---|---|---|---|",
+        f"| {x['early_success']:.3f} | {events} | {x['retrieval_first_step'] or 'never'} | {x['success_halved_step'] or 'never'} | "
+        f"{100 * (x['mi_overhead'] or 0):.1f}% | {x['wall_seconds']:.0f} | `{x['png']}` |",
+        "",
+        "| step | retrieval accuracy | chance | I(X;Z) nats | MI z-score |",
+        "|---|---|---|---|---|",
+    ]
+    for m in r["mi_passes"]:
+        z = m.get("collapse/mi_zscore")
+        lines.append(
+            f"| {m['step']} | {m['collapse/retrieval_accuracy']:.3f} | {m['collapse/retrieval_chance']:.3f} | "
+            f"{m['collapse/mi_estimate']:.3f} | {'' if z is None else f'{z:.2f}'} |"
+        )
+    return lines + [""]

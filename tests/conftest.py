@@ -1,3 +1,4 @@
+import os
 import pathlib
 import sys
 import warnings
@@ -8,6 +9,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import envs  # noqa: E402,F401  (registers the starpo/* env ids the tests play)
 
 warnings.filterwarnings("ignore", category=FutureWarning)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one thread per worker, or they oversubscribe the cores
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -142,3 +142,47 @@ def test_context_windows_table(tmp_path, monkeypatch):
         "| `starpo/FrozenLake-v0` | full | 0.400 | 0.200 | 0.300, 0.500 | 900 |"
         in (tmp_path / "BENCHMARKS.md").read_text()
     )
+
+
+def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
+    """`collapse.py --real --replay` on a hand-made history: early success 0.4 over the first 10 rollouts,
+    then 0.1, so the 5-rollout average first falls below 0.2 at step 14 ((0.4 + 4 x 0.1) / 5 = 0.16);
+    MI passes every 2 steps at 3 s against 10-s steps: 15% of the step time."""
+    import collapse
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(collapse, "OUT", tmp_path / "runs")
+    monkeypatch.setattr(collapse, "ROOT", tmp_path)
+    monkeypatch.setattr(collapse, "HERE", tmp_path / "benchmarks")
+    (tmp_path / "benchmarks").mkdir()
+    history = []
+    for step in range(1, 21):
+        row = {"step": step, "loss": 0.1, "step_time": 10.0, "env/FrozenLake-v0/success": 0.4 if step <= 10 else 0.1}
+        if step % 2 == 0:
+            acc = 0.75 if step <= 10 else 0.25
+            row.update(
+                {
+                    "collapse/retrieval_accuracy": acc,
+                    "collapse/retrieval_chance": 0.25,
+                    "collapse/mi_estimate": 0.5 if step <= 10 else 0.0,
+                    "collapse/mi_zscore": 1.5,
+                    "collapse/mi_seconds": 3.0,
+                }
+            )
+        history.append(row)
+    (tmp_path / "runs" / "real-collapse").mkdir(parents=True)
+    (tmp_path / "runs" / "real-collapse" / "report.json").write_text(
+        json.dumps({"log_history": history, "wall_seconds": 200.0})
+    )
+    collapse.real(replay=True)
+    stored = json.loads((tmp_path / "results.json").read_text())["collapse_real"]
+    run = stored["run"]
+    assert run["early_success"] == 0.4 and run["success_halved_step"] == 14
+    assert run["mi_overhead"] == 0.15 and run["mi_passes"] == 10
+    assert run["mi_retrieval_mean"] == 0.5 and run["mi_estimate_mean"] == 0.25
+    assert [m["step"] for m in stored["mi_passes"]] == list(range(2, 21, 2))
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
+    assert "| 0.400 |" in text and "| 14 | 15.0% | 200 |" in text
