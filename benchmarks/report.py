@@ -172,7 +172,7 @@ def write(results: dict) -> None:
                     + ", ".join(f"{y['final_success']:.3f}" for y in runs)
                     + f" | {x['tokens_per_step']:.0f} |"
                 )
-        lines += [measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
+        lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
     if "filter_strategies" in results:
         r = results["filter_strategies"]
         lines += [
