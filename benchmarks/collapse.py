@@ -22,7 +22,8 @@ events) is saved beside the results as benchmarks/collapse-<run>.png.
 model's reasoning is template words, so its MI metrics sit at chance): SmolLM2-135M-Instruct after
 `recipes/smollm2-cpu-frozenlake.yaml` (the model that run saved in runs/smollm2-frozenlake) is
 trained on with that recipe's rollouts, but plain GRPO (no filter, no entropy bonus), the learning
-rate ramped to 10x the recipe's over the first half, and the MI pass every 2 steps. One run
+rate ramped to 10x the recipe's over the first half, and the MI pass every 2 steps on a uniformly
+drawn turn of each sampled episode. One run
 ("real-collapse"; its results go to the "collapse_real" section).
 """
 
@@ -64,6 +65,7 @@ REAL_RUN = dict(
     lr_scheduler_type="constant_with_warmup",
     warmup_steps=REAL_STEPS // 2,
     mi_metrics_every=2,
+    mi_metrics_turn="uniform",  # the first turn starts on the same square in every lake: later turns differ
 )
 
 
