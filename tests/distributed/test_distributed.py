@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
@@ -13,11 +14,44 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 # GAE with a full critic, as the 2-process critic tests train it
 FULL_CRITIC = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003"]
+# the 2-process Bandit runs start from this warm start, so that rewards differ within groups
+WARM_START = {"warm_start_episodes": 1200, "warm_start_epochs": 2, "warm_start_noise": 0.5, "num_start_states": 4}
+
+
+@pytest.fixture(scope="session")
+def warm_bandit(tmp_path_factory, worker_id):
+    """The CPU demo's tiny model warm-started on Bandit (WARM_START), built once per test session and shared by
+    the pytest-xdist workers (the first builds it under a file lock), so that each 2-process launch does not
+    repeat the same SFT in both of its processes."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # the parent is this session's, shared by its workers
+    path = root / "warm-bandit"
+    with FileLock(str(root / "warm-bandit.lock")):
+        if not (path / "model.safetensors").exists():
+            from trl import ModelConfig, TrlParser
+
+            from starpo_trl import StarPOConfig
+            from starpo_trl.config import RunArguments
+            from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer
+            from starpo_trl.warm_start import warm_start_from_config
+
+            recipe = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
+            parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+            run_args, args, model_args, tiny_args = parser.parse_dict(
+                {**recipe, **WARM_START, "output_dir": str(path), "report_to": "none"}
+            )
+            model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed)
+            model = warm_start_from_config(model, tokenizer, run_args, args, str(path / "sft"))
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+    return path
 
 
 def _launch(out, port, *extra, model=None, config=ROOT / "accelerate_configs/cpu_2proc.yaml", sharded=False):
     """train.py on the CPU Bandit demo recipe in 2 processes, from ``model`` (a saved warm start, see
-    conftest.warm_bandit) or the untrained tiny model; no warm start inside the launch. Returns each rank's summary."""
+    warm_bandit) or the untrained tiny model; no warm start inside the launch. Returns each rank's summary."""
     # DeepSpeed and FSDP on CPU processes go through tests/sharded_cpu.py (accelerate starts them only on accelerators)
     script = (
         [str(ROOT / "tests/distributed/sharded_cpu.py"), str(ROOT / "train.py"), "--use_cpu", "false"]
