@@ -400,7 +400,13 @@ def collapse_real_lines(r: dict) -> list[str]:
     lines = [
         f"## Collapse guard and MI on the real model (`python benchmarks/collapse.py --real`, {r['machine']}, {r['measured_at']})",
         "",
-        f"{r['model']}, pushed into collapse for {r['steps']} steps on its FrozenLake rollouts: "
+        f"{r['model']}, pushed into collapse for {r['steps']} steps"
+        + (
+            f" (of {r['planned_steps']} planned: stopped early)"
+            if r.get("planned_steps", r["steps"]) > r["steps"]
+            else ""
+        )
+        + " on its FrozenLake rollouts: "
         + ", ".join(f"`{k}={v}`" for k, v in x["settings"].items())
         + ". Early success = mean train success of the first 10 rollouts; halved = first step whose 5-rollout moving "
         "average is below half of it.",

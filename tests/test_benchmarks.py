@@ -183,6 +183,7 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     assert run["mi_overhead"] == 0.15 and run["mi_passes"] == 10
     assert run["mi_retrieval_mean"] == 0.5 and run["mi_estimate_mean"] == 0.25
     assert [m["step"] for m in stored["mi_passes"]] == list(range(2, 21, 2))
+    assert stored["steps"] == 20 and stored["planned_steps"] == collapse.REAL_STEPS
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
     assert "| 0.400 |" in text and "| 14 | 15.0% | 200 |" in text
