@@ -71,19 +71,9 @@ REAL_RUN = dict(
 
 def warm_model() -> pathlib.Path:
     """The warm-started FrozenLake model of the CPU demo recipe (built once, reused)."""
-    from learning import parse
+    from learning import warm_started
 
-    warm_dir = OUT / "warm"
-    if not (warm_dir / "model.safetensors").exists():
-        from starpo_trl.models import load_model_and_tokenizer
-        from starpo_trl.warm_start import warm_start_from_config
-
-        run_args, args, model_args, tiny_args = parse("demo-cpu-frozenlake.yaml", output_dir=str(warm_dir))
-        model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
-        model = warm_start_from_config(model, tok, run_args, args, str(warm_dir / "sft"))
-        model.save_pretrained(warm_dir)
-        tok.save_pretrained(warm_dir)
-    return warm_dir
+    return warm_started(RECIPE, OUT / "warm")
 
 
 def worker(

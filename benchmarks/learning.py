@@ -84,14 +84,13 @@ def collapse_step(log_history, key) -> int | None:
     return None
 
 
-def warm_started(recipe: str, name: str) -> pathlib.Path:
-    """The recipe's warm-started model, made once and cached under runs/bench-learning/<env>/warm."""
+def warm_started(recipe: str, warm_dir: pathlib.Path, **overrides) -> pathlib.Path:
+    """The recipe's warm-started model (``overrides`` over the recipe), made once and saved in ``warm_dir``."""
     from starpo_trl.models import load_model_and_tokenizer
     from starpo_trl.warm_start import warm_start_from_config
 
-    warm_dir = OUT / name / "warm"
-    run_args, args, model_args, tiny_args = parse(recipe, output_dir=str(warm_dir))
     if not (warm_dir / "model.safetensors").exists():
+        run_args, args, model_args, tiny_args = parse(recipe, output_dir=str(warm_dir), **overrides)
         model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=0)
         model = warm_start_from_config(model, tok, run_args, args, str(warm_dir / "sft"))
         model.save_pretrained(warm_dir)
@@ -118,7 +117,7 @@ def variant_runs(env_id: str, variants: dict[str, dict]):
 
     recipe, max_steps = RECIPES[env_id]
     name = env_name(env_id)
-    warm_dir = warm_started(recipe, name)
+    warm_dir = warm_started(recipe, OUT / name / "warm")
     for k, (label, settings) in enumerate(variants.items()):
         for seed in SEEDS:
             out = OUT / name / f"{settings.get('context_window', 'full').replace(':', '')}-variant{k}-s{seed}"
@@ -234,7 +233,7 @@ def ratios() -> None:
     results = {}
     for env_id, (recipe, max_steps) in RECIPES.items():
         name = env_name(env_id)
-        warm_dir = warm_started(recipe, name)
+        warm_dir = warm_started(recipe, OUT / name / "warm")
         runs = []
         fig, ax = plt.subplots(figsize=(6, 4))
         for ratio in RATIOS:

@@ -268,12 +268,8 @@ def write(results: dict) -> None:
             "|---|---|---|---|---|---|",
         ]
         for name, x in r["runs"].items():
-            events = (
-                "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(x["guard_steps"], x["guard_rules"]))
-                or "none"
-            )
             lines.append(
-                f"| {name} | {x['settings']} | {x['early_success']:.3f} | {events} | {x['success_halved_step'] or 'never'} | `{x['png']}` |"
+                f"| {name} | {x['settings']} | {x['early_success']:.3f} | {guard_events_cell(x)} | {x['success_halved_step'] or 'never'} | `{x['png']}` |"
             )
         lines += [
             "",
@@ -393,10 +389,16 @@ def write(results: dict) -> None:
     MARKDOWN.write_text("\n".join(lines))
 
 
+def guard_events_cell(run: dict) -> str:
+    """A collapse run's guard events as one table cell: ``step: rules; ...`` or ``none``."""
+    return (
+        "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(run["guard_steps"], run["guard_rules"])) or "none"
+    )
+
+
 def collapse_real_lines(r: dict) -> list[str]:
     """The collapse benchmark on the real model (`collapse.py --real`): one run, its guard events and MI passes."""
     x = r["run"]
-    events = "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(x["guard_steps"], x["guard_rules"])) or "none"
     lines = [
         f"## Collapse guard and MI on the real model (`python benchmarks/collapse.py --real`, {r['machine']}, {r['measured_at']})",
         "",
@@ -413,7 +415,7 @@ def collapse_real_lines(r: dict) -> list[str]:
         "",
         "| early success | guard events (step: rules) | MI rule fired | success halved at | MI pass share of step time | wall s | dashboard |",
         "|---|---|---|---|---|---|---|",
-        f"| {x['early_success']:.3f} | {events} | {x['retrieval_first_step'] or 'never'} | {x['success_halved_step'] or 'never'} | "
+        f"| {x['early_success']:.3f} | {guard_events_cell(x)} | {x['retrieval_first_step'] or 'never'} | {x['success_halved_step'] or 'never'} | "
         f"{100 * (x['mi_overhead'] or 0):.1f}% | {x['wall_seconds']:.0f} | `{x['png']}` |",
         "",
         "| step | retrieval accuracy | chance | I(X;Z) nats | MI z-score |",

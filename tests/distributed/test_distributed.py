@@ -11,6 +11,7 @@ import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 # GAE with a full critic, as the 2-process critic tests train it
 FULL_CRITIC = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003"]
@@ -24,28 +25,13 @@ def warm_bandit(tmp_path_factory, worker_id):
     the pytest-xdist workers (the first builds it under a file lock), so that each 2-process launch does not
     repeat the same SFT in both of its processes."""
     from filelock import FileLock
+    from learning import warm_started  # benchmarks/learning.py: the recipe's warm start, saved once
 
     base = tmp_path_factory.getbasetemp()
     root = base if worker_id == "master" else base.parent  # the parent is this session's, shared by its workers
     path = root / "warm-bandit"
     with FileLock(str(root / "warm-bandit.lock")):
-        if not (path / "model.safetensors").exists():
-            from trl import ModelConfig, TrlParser
-
-            from starpo_trl import StarPOConfig
-            from starpo_trl.config import RunArguments
-            from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer
-            from starpo_trl.warm_start import warm_start_from_config
-
-            recipe = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
-            parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
-            run_args, args, model_args, tiny_args = parser.parse_dict(
-                {**recipe, **WARM_START, "output_dir": str(path), "report_to": "none"}
-            )
-            model, tokenizer = load_model_and_tokenizer(model_args, tiny_args, seed=args.seed)
-            model = warm_start_from_config(model, tokenizer, run_args, args, str(path / "sft"))
-            model.save_pretrained(path)
-            tokenizer.save_pretrained(path)
+        warm_started("demo-cpu-bandit.yaml", path, **WARM_START)
     return path
 
 
