@@ -61,6 +61,7 @@ bench-whitening: $(STAMP)
 
 bench-real: $(STAMP)
 	$(PY) benchmarks/real_model.py baseline
+	$(PY) benchmarks/real_model.py speed
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-frozenlake.yaml
 

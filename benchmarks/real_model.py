@@ -3,6 +3,7 @@
     python benchmarks/real_model.py baseline [ENV_ID ...] [--episodes N]   # make bench-real (all envs below)
     python benchmarks/real_model.py rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. recipes/smollm2-cpu-bandit-lora.yaml
     python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] # a run already made with train.py --config RECIPE
+    python benchmarks/real_model.py speed                                    # rollout and step speed ratios
 
 `baseline`: `evaluate.py` on the unmodified model, held-out episodes at temperature 0.5 with
 StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format), one env
@@ -15,6 +16,14 @@ wall time, step time and curves (success, format-error rate, in-group reward std
 "real_model" -> "runs" (one entry per recipe) and BENCHMARKS.md, the curves to
 benchmarks/real-<recipe>.png. "start" says where RL began: "base" (the model as it is) or "sft"
 (after the recipe's warm start).
+
+`speed`: benchmarks/speed.py's measures on this model, each a ratio measured side by side in one
+run: 32 Sokoban episodes x 5 turns (24 tokens per turn) with the HF backend's KV reuse off and on
+(`kv_reuse_speedup`), the engine against bare `model.generate` replaying the same inputs
+(`rollout_overhead_ratio`), the tokens read before sampling per episode at each turn, and one
+training step against TRL's `GRPOTrainer` on single-turn Bandit, per model token
+(`step_time_ratio_vs_trl_grpo`; full fine-tune, 8 replies of 32 tokens: 2 prompts x 4). Merged
+into "real_model".
 """
 
 from __future__ import annotations
@@ -160,6 +169,32 @@ def rl(recipe: str, extra: list[str]) -> dict:
     return record(recipe, str(ROOT / run_dir), peak)
 
 
+def speed_rows(repeats: int = 2) -> dict:
+    import report
+    import speed
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from starpo_trl.offline_model import build
+
+    torch.set_num_threads(2)
+    model_dir = build()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    model = load().eval()
+    rows = speed.rollout_rows(model, tok, repeats=repeats, sequential=False)
+    del model
+    rows.update(speed.step_time_rows(tok, load, batch=8, generations=4, steps=4))
+    section = dict(report.load().get("real_model", {}))
+    section.update(rows)
+    _store(section)
+    print(json.dumps(rows, indent=2))
+    return rows
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
@@ -172,6 +207,7 @@ def main(argv: list[str]) -> None:
     c.add_argument("recipe")
     c.add_argument("run_dir")
     c.add_argument("--peak_rss_mib", type=float)
+    sub.add_parser("speed")
     args, extra = p.parse_known_args(argv)
     if args.command in (None, "baseline"):
         if extra:
@@ -179,6 +215,10 @@ def main(argv: list[str]) -> None:
         baseline(getattr(args, "env_ids", None) or ENVS, getattr(args, "episodes", EPISODES))
     elif args.command == "rl":
         rl(args.recipe, extra)
+    elif args.command == "speed":
+        if extra:
+            p.error(f"unknown arguments {extra}")
+        speed_rows()
     else:
         if extra:
             p.error(f"unknown arguments {extra}")

@@ -315,6 +315,8 @@ def write(results: dict) -> None:
             f"{r['model']}. Licence: Apache-2.0.",
             "",
         ]
+        if "rollout_overhead_ratio" in r:
+            lines += real_model_speed_lines(r)
         if r.get("baseline"):
             lines += [
                 "Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "
@@ -387,6 +389,31 @@ def write(results: dict) -> None:
             "",
         ]
     MARKDOWN.write_text("\n".join(lines))
+
+
+def real_model_speed_lines(r: dict) -> list[str]:
+    """The speed rows of the ``real_model`` section (``real_model.py speed``)."""
+    check = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    turns = lambda values: ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(values))  # noqa: E731
+    seconds = r["rollout_seconds"]
+    return [
+        "Speed (`python benchmarks/real_model.py speed`): each ratio measured side by side in one run (median of repeats).",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+        "| rollout_overhead_ratio (engine / bare `model.generate` on the same inputs, 32 Sokoban episodes x 5 turns x 24 tokens) "
+        f"| {r['rollout_overhead_ratio']:.2f} | <= 1.10: {check(r['rollout_overhead_ratio'] <= 1.10)} |",
+        f"| kv_reuse_speedup (the same episodes, engine with KV reuse off / on) | {r['kv_reuse_speedup']:.2f} | > 1: {check(r['kv_reuse_speedup'] > 1)} |",
+        "| step_time_ratio_vs_trl_grpo (per model token, single-turn Bandit, full fine-tune, 2 prompts x 4 replies of 32 tokens) "
+        f"| {r['step_time_ratio_vs_trl_grpo']:.2f} | <= 1.15: {check(r['step_time_ratio_vs_trl_grpo'] <= 1.15)} |",
+        "",
+        f"Rollout seconds: KV reuse off {seconds['kv_reuse_off']}, on {seconds['kv_reuse_on']}, bare `model.generate` "
+        f"{seconds['bare_generate']}. Step seconds: {r['step_seconds']}; mean completion tokens: {r['mean_completion_tokens']}.",
+        "",
+        f"Tokens read before sampling, per episode at each turn: the whole history {turns(r['prefill_tokens_per_episode_by_turn'])}; "
+        f"with KV reuse {turns(r['prefill_tokens_per_episode_by_turn_kv_reuse'])}.",
+        "",
+    ]
 
 
 def guard_events_cell(run: dict) -> str:

@@ -35,6 +35,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState  # noqa: E402
+from starpo_trl.rollout.hf_backend import sampling_config  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 REPEATS = 3
@@ -60,78 +61,91 @@ class Recording:
 
 
 def bare_generate_seconds(model, tok, calls) -> float:
-    """Replay the recorded calls with plain model.generate (inputs padded before the clock starts)."""
+    """Replay the recorded calls with plain model.generate (inputs padded before the clock starts),
+    sampling from the same plain softmax as the engine (``sampling_config``) but without its logprob
+    recording, KV reuse or prompt sharing."""
+    eos, pad = _ids(tok)
     total = 0.0
     for sequences, max_new, temperature, rng in calls:
         width = max(map(len, sequences))
-        ids = torch.full((len(sequences), width), tok.pad_token_id)
+        ids = torch.full((len(sequences), width), pad)
         mask = torch.zeros_like(ids)
         for i, s in enumerate(sequences):
             ids[i, width - len(s) :] = torch.tensor(s)
             mask[i, width - len(s) :] = 1
+        config = sampling_config(max_new, temperature, eos, pad)
         torch.set_rng_state(rng)
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=max_new,
-                do_sample=True,
-                temperature=temperature,
-                top_k=None,
-                top_p=None,
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-            )
+            model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         total += time.perf_counter() - start
     return total
 
 
-def rollout_rows(model, tok) -> dict:
-    cfg = RolloutConfig(max_turns=5, max_tokens_per_turn=24)
-    starts = [StartState("starpo/Sokoban-v0", s) for s in range(8) for _ in range(4)]
-    ratios, speedups, prefill = [], [], None
-    RolloutEngine(tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]).run(
-        starts
-    )  # warm-up
-    reuse = kv_reuse_speedup(model, tok, starts, cfg)
-    for rep in range(REPEATS):
-        rec = Recording(HFBackend(model, tok.pad_token_id, [tok.eos_token_id]))
-        engine = RolloutEngine(tok, rec, cfg, [tok.eos_token_id])
+def _ids(tok) -> tuple[list[int], int]:
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    return eos, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+SOKOBAN_STARTS = [StartState("starpo/Sokoban-v0", s) for s in range(8) for _ in range(4)]
+SOKOBAN_ROLLOUT = RolloutConfig(max_turns=5, max_tokens_per_turn=24)
+
+
+def rollout_rows(model, tok, repeats: int = REPEATS, sequential: bool = True) -> dict:
+    """32 Sokoban episodes x 5 turns (8 start states x 4): engine vs bare generate, KV reuse, prefill."""
+    eos, pad = _ids(tok)
+    cfg, starts = SOKOBAN_ROLLOUT, SOKOBAN_STARTS
+    ratios, speedups, prefill, walls = [], [], None, []
+    RolloutEngine(tok, HFBackend(model, pad, eos), cfg, eos).run(starts[:4])  # warm-up
+    reuse, seconds = kv_reuse_speedup(model, tok, starts, cfg, repeats)
+    for rep in range(repeats):
+        rec = Recording(HFBackend(model, pad, eos))
+        engine = RolloutEngine(tok, rec, cfg, eos)
         torch.manual_seed(rep)
         start = time.perf_counter()
         episodes = engine.run(starts)
         engine_s = time.perf_counter() - start
         bare_s = bare_generate_seconds(model, tok, rec.calls)
         ratios.append(engine_s / bare_s)
+        walls.append((engine_s, bare_s))
         prefill = [sum(map(len, seqs)) / len(seqs) for seqs, *_ in rec.calls]
         read = [r / len(seqs) for r, (seqs, *_) in zip(rec.read, rec.calls)]
-        seq_engine = RolloutEngine(
-            tok, HFBackend(model, tok.pad_token_id, [tok.eos_token_id]), cfg, [tok.eos_token_id]
-        )
-        torch.manual_seed(rep)
-        start = time.perf_counter()
-        for s in starts:
-            seq_engine.run([s])
-        speedups.append((time.perf_counter() - start) / engine_s)
-        print(
-            f"rollout rep {rep}: engine {engine_s:.2f}s, bare generate {bare_s:.2f}s, sequential x{speedups[-1]:.1f}, turns {max(e.num_turns for e in episodes)}"
-        )
-    return {
-        "rollout_overhead_ratio": sorted(ratios)[len(ratios) // 2],
+        line = f"rollout rep {rep}: engine {engine_s:.2f}s, bare generate {bare_s:.2f}s"
+        if sequential:
+            seq_engine = RolloutEngine(tok, HFBackend(model, pad, eos), cfg, eos)
+            torch.manual_seed(rep)
+            start = time.perf_counter()
+            for s in starts:
+                seq_engine.run([s])
+            speedups.append((time.perf_counter() - start) / engine_s)
+            line += f", sequential x{speedups[-1]:.1f}"
+        print(f"{line}, turns {max(e.num_turns for e in episodes)}", flush=True)
+    rows = {
+        "rollout_overhead_ratio": _median(ratios),
         "kv_reuse_speedup": reuse,
-        "batched_vs_sequential_speedup": sorted(speedups)[len(speedups) // 2],
+        "rollout_seconds": {
+            "kv_reuse_off": round(_median([s[False] for s in seconds]), 2),
+            "kv_reuse_on": round(_median([s[True] for s in seconds]), 2),
+            "bare_generate": round(_median([b for _, b in walls]), 2),
+        },
         "prefill_tokens_per_episode_by_turn": [round(p, 1) for p in prefill],
         "prefill_tokens_per_episode_by_turn_kv_reuse": [round(p, 1) for p in read],
     }
+    if sequential:
+        rows["batched_vs_sequential_speedup"] = _median(speedups)
+    return rows
 
 
-def kv_reuse_speedup(model, tok, starts, cfg) -> float:
-    """Engine seconds without / with KV reuse across turns, same episodes (same RNG), median of repeats."""
-    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    ratios = []
-    for rep in range(REPEATS):
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def kv_reuse_speedup(model, tok, starts, cfg, repeats: int = REPEATS) -> tuple[float, list[dict]]:
+    """Engine seconds without / with KV reuse across turns, same episodes (same RNG): the median
+    ratio of the repeats, and each repeat's seconds."""
+    eos, pad = _ids(tok)
+    ratios, runs = [], []
+    for rep in range(repeats):
         seconds = {}
         for reuse in (False, True):
             engine = RolloutEngine(tok, HFBackend(model, pad, eos, reuse_cache=reuse), cfg, eos)
@@ -140,8 +154,9 @@ def kv_reuse_speedup(model, tok, starts, cfg) -> float:
             engine.run(starts)
             seconds[reuse] = time.perf_counter() - start
         ratios.append(seconds[False] / seconds[True])
-        print(f"kv reuse rep {rep}: off {seconds[False]:.2f}s, on {seconds[True]:.2f}s")
-    return sorted(ratios)[len(ratios) // 2]
+        runs.append(seconds)
+        print(f"kv reuse rep {rep}: off {seconds[False]:.2f}s, on {seconds[True]:.2f}s", flush=True)
+    return _median(ratios), runs
 
 
 def real_model_kv_reuse() -> dict:
@@ -154,11 +169,13 @@ def real_model_kv_reuse() -> dict:
     tok = AutoTokenizer.from_pretrained(DEFAULT_DIR)
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32)
     starts = [StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in range(8)]
-    ratio = kv_reuse_speedup(model, tok, starts, RolloutConfig(max_turns=3, max_tokens_per_turn=24))
+    ratio, _ = kv_reuse_speedup(model, tok, starts, RolloutConfig(max_turns=3, max_tokens_per_turn=24))
     return {"kv_reuse_speedup_smollm2": ratio}
 
 
-def step_time_rows(model_seed: int = 0) -> dict:
+def step_time_rows(tok, make_model, batch: int = 16, generations: int = 8, steps: int = 6) -> dict:
+    """One step of each trainer (median over ``steps`` - 1: the first warms up) per model token.
+    ``make_model()`` builds a fresh copy of the model for each trainer."""
     import gymnasium as gym
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -167,12 +184,11 @@ def step_time_rows(model_seed: int = 0) -> dict:
     from starpo_trl.rollout import ChatFormat
     from starpo_trl.rollout.prompting import first_user_message, parse_reply
 
-    tok = build_tiny_tokenizer()
     common = dict(
-        per_device_train_batch_size=16,
+        per_device_train_batch_size=batch,
         gradient_accumulation_steps=1,
-        num_generations=8,
-        max_steps=6,
+        num_generations=generations,
+        max_steps=steps,
         learning_rate=1e-4,
         report_to=[],
         save_strategy="no",
@@ -185,11 +201,11 @@ def step_time_rows(model_seed: int = 0) -> dict:
     )
     tmp = tempfile.mkdtemp()
     ours = MultiTurnStarPOTrainer(
-        build_tiny_model(tok, seed=model_seed),
+        make_model(),
         StarPOConfig(
             output_dir=tmp + "/a",
             env_id="starpo/Bandit-v0",
-            num_start_states=2,
+            num_start_states=batch // generations,
             rollout_filter_ratio=1.0,
             max_turns=1,
             max_tokens_per_turn=32,
@@ -221,7 +237,7 @@ def step_time_rows(model_seed: int = 0) -> dict:
         return rewards
 
     stock = GRPOTrainer(
-        build_tiny_model(tok, seed=model_seed),
+        make_model(),
         reward_funcs=[bandit_reward],
         processing_class=tok,
         args=GRPOConfig(output_dir=tmp + "/b", max_completion_length=32, **common),
@@ -236,7 +252,7 @@ def step_time_rows(model_seed: int = 0) -> dict:
             r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")
         ]
         times[name] = (sorted(steps)[len(steps) // 2], sum(tokens) / len(tokens))
-        print(f"{name}: median step {times[name][0]:.3f}s, mean completion tokens {times[name][1]:.1f}")
+        print(f"{name}: median step {times[name][0]:.3f}s, mean completion tokens {times[name][1]:.1f}", flush=True)
     # normalise by model tokens per step, since sampled lengths differ between the two runs
     per_token = {k: t / n for k, (t, n) in times.items()}
     return {
@@ -282,7 +298,7 @@ def main() -> None:
     model.eval()
     rows = rollout_rows(model, tok)
     rows.update(real_model_kv_reuse())
-    rows.update(step_time_rows())
+    rows.update(step_time_rows(tok, lambda: build_tiny_model(tok, seed=0)))
     rows["demo_peak_rss_mib"] = demo_peak_rss_mib()
     rows["model"] = f"tiny Qwen2 architecture, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
     print(json.dumps(rows, indent=2))

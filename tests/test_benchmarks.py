@@ -65,6 +65,31 @@ def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
     assert "0.500 -> 0.875 | 0.125 -> 0.000 | 3 | 30.0 |" in table
 
 
+def test_real_model_speed_rows(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    rows = {
+        "model": "M",
+        "rollout_overhead_ratio": 0.61,
+        "kv_reuse_speedup": 1.9,
+        "rollout_seconds": {"kv_reuse_off": 80.0, "kv_reuse_on": 42.1, "bare_generate": 70.5},
+        "prefill_tokens_per_episode_by_turn": [200.4, 290.0],
+        "prefill_tokens_per_episode_by_turn_kv_reuse": [200.4, 66.6],
+        "step_time_ratio_vs_trl_grpo": 1.2,
+        "step_seconds": {"starpo": 30.0, "trl": 25.0},
+        "mean_completion_tokens": {"starpo": 32.0, "trl": 32.0},
+    }
+    report.store("real_model", rows)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "x 24 tokens) | 0.61 | <= 1.10: met |" in text
+    assert "| kv_reuse_speedup (the same episodes, engine with KV reuse off / on) | 1.90 | > 1: met |" in text
+    assert "32 tokens) | 1.20 | <= 1.15: NOT met |" in text
+    assert "KV reuse off 80.0, on 42.1, bare `model.generate` 70.5" in text
+    assert "the whole history turn 1: 200, turn 2: 290; with KV reuse turn 1: 200, turn 2: 67." in text
+
+
 def test_filter_strategies_table(tmp_path, monkeypatch):
     import report
 

@@ -109,6 +109,9 @@ class HFBackend:
                         keys[i, :, lc - c :], values[i, :, lc - c :] = entry[1][layer]
                 layers.append((keys.to(device), values.to(device)))
             past = DynamicCache(ddp_cache_data=layers)
+        # the kept rows now live in ``past``: drop them so the cache is not held twice while sampling
+        # (256 episodes x 5 turns of 256 tokens of a 135M model: about 12 GB each)
+        self._kept, kept = [], None
         greedy = temperature <= 0
         was_training = self.model.training
         self.model.eval()
@@ -179,22 +182,31 @@ class HFBackend:
         return kept
 
     def _keep(self, sequences, cached, suffixes, lc, ls, results, cache) -> None:
-        """Each row's own keys and values (its history and its reply but the last token), contiguous."""
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        kept = []
-        for i, (seq, c, suffix, (ids, _)) in enumerate(zip(sequences, cached, suffixes, results)):
-            if not ids:
-                continue
-            spans = [(lc - c, lc), (lc + ls - len(suffix), lc + ls), (lc + ls, lc + ls + len(ids) - 1)]
-            rows = [
-                (
-                    torch.cat([k[i, :, a:b] for a, b in spans], dim=1),
-                    torch.cat([v[i, :, a:b] for a, b in spans], dim=1),
-                )
-                for k, v in layers
+        """Each row's own keys and values (its history and its reply but the last token), contiguous.
+
+        Layer by layer, each layer of the sampling cache released once copied, so the keys and
+        values are never held twice."""
+        rows = [i for i, (ids, _) in enumerate(results) if ids]
+        spans = {
+            i: [
+                (lc - cached[i], lc),
+                (lc + ls - len(suffixes[i]), lc + ls),
+                (lc + ls, lc + ls + len(results[i][0]) - 1),
             ]
-            kept.append((list(seq) + ids[:-1], rows))
-        self._kept = kept
+            for i in rows
+        }
+        layers = {i: [] for i in rows}
+        for layer in cache.layers:
+            k, v = layer.keys, layer.values
+            for i in rows:
+                layers[i].append(
+                    (
+                        torch.cat([k[i, :, a:b] for a, b in spans[i]], dim=1),
+                        torch.cat([v[i, :, a:b] for a, b in spans[i]], dim=1),
+                    )
+                )
+            layer.keys = layer.values = k = v = None
+        self._kept = [(list(sequences[i]) + results[i][0][:-1], layers[i]) for i in rows]
 
 
 class _SampledLogprobs:

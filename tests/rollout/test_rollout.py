@@ -333,6 +333,30 @@ def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer
     )
 
 
+def test_kv_reuse_holds_the_cache_once(tiny_tokenizer, tiny_model, monkeypatch):
+    """While a turn samples, the kept rows live only in the cache given to ``generate`` (not also in
+    the backend); once copied back per row, the sampling cache's layers are released."""
+    backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+    seen, caches = [], []
+    real = tiny_model.generate
+
+    def spy(*args, **kwargs):
+        seen.append((len(backend._kept), kwargs.get("cache") is not None))
+        out = real(*args, **kwargs)
+        caches.append(out.past_key_values)
+        return out
+
+    monkeypatch.setattr(tiny_model, "generate", spy)
+    torch.manual_seed(0)
+    episodes = engine(tiny_tokenizer, backend, max_turns=3, max_tokens_per_turn=8).run(sokoban_starts(2, 2))
+    assert max(ep.num_turns for ep in episodes) == 3
+    # turn 1 starts from the shared prompts' cache, turns 2 and 3 from the kept rows: each a cache
+    # the backend itself no longer holds
+    assert seen == [(0, True)] * 3
+    assert all(layer.keys is None and layer.values is None for cache in caches for layer in cache.layers)
+    assert backend._kept and all(k.is_contiguous() for _, rows in backend._kept for k, _ in rows)
+
+
 def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(tiny_tokenizer, scripted):
     """The engine keeps no per-run state: the backend can change between runs (as the trainer's
     does with new weights), and each run returns its own timings."""
