@@ -2,7 +2,7 @@
 
     python benchmarks/real_model.py baseline [ENV_ID ...] [--episodes N]   # make bench-real (all envs below)
     python benchmarks/real_model.py rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. recipes/smollm2-cpu-bandit-lora.yaml
-    python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] # a run already made with train.py --config RECIPE
+    python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] [FLAGS ...]  # a run made with train.py --config RECIPE [FLAGS]
     python benchmarks/real_model.py speed                                    # rollout and step speed ratios
 
 `baseline`: `evaluate.py` on the unmodified model, held-out episodes at temperature 0.5 with
@@ -68,7 +68,9 @@ def _store(section: dict) -> None:
     )
 
 
-def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
+def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64) -> dict:
+    """``batch_size`` episodes per engine call: the untouched model's replies run to the token limit
+    every turn, and 256 five-turn episodes in one call hold a KV cache of about 12 GB."""
     import report
 
     import evaluate
@@ -90,6 +92,8 @@ def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
                 str(episodes),
                 "--temperature",
                 "0.5",
+                "--batch_size",
+                str(batch_size),
                 "--output",
                 str(out),
             ]
@@ -105,23 +109,40 @@ def baseline(env_ids: list[str], episodes: int = EPISODES) -> dict:
     return base
 
 
-def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict:
-    """One finished `train.py --config RECIPE` run (its output_dir) as a "runs" entry."""
+def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None, flags: list[str] | None = None) -> dict:
+    """One finished `train.py --config RECIPE [FLAGS]` run (its output_dir) as a "runs" entry (one
+    per recipe and flags). With several eval envs (``eval_env_configs``) each one's before/after
+    goes to ``eval_envs``; ``success_before/after`` are then the recipe's ``eval_env_id``'s."""
     import report
 
     from envs.contract import env_name
     from starpo_trl.monitoring.plotting import plot_curves
 
+    flags = list(flags or [])
     config = yaml.safe_load(pathlib.Path(recipe).read_text())
     out = json.loads((pathlib.Path(run_dir) / "report.json").read_text())
     history = out["log_history"]
     steps = [row["step_time"] for row in history if "step_time" in row]
     name = pathlib.Path(recipe).stem
-    png = HERE / f"real-{name}.png"
-    plot_curves(history, env_name(config["env_id"]), str(png), title=f"{name} (train env {config['env_id']})")
+    slug = "".join(c if c.isalnum() else "-" for c in " ".join(flags).lstrip("-")).strip("-")
+    png = HERE / f"real-{name}{'-' + slug if slug else ''}.png"
+    plot_curves(history, env_name(config["env_id"]), str(png), title=f"{name} {' '.join(flags)}".strip())
     warm = config.get("warm_start_episodes", 0)
+    before, after = out["before"] or {}, out["after"]
+    names = [k[: -len("/success")] for k in after if k.endswith("/success")]
+    per_env = {
+        n: {
+            "success_before": before.get(f"{n}/success"),
+            "success_after": after[f"{n}/success"],
+            "format_error_before": before.get(f"{n}/format_error_rate"),
+            "format_error_after": after.get(f"{n}/format_error_rate"),
+        }
+        for n in names
+    }
+    main = per_env.get(env_name(out["env_id"]), {})
     run = {
         "recipe": f"recipes/{pathlib.Path(recipe).name}",
+        "flags": " ".join(flags),
         "env_id": config["env_id"],
         "eval_env_id": out["env_id"],
         "start": "sft" if warm else "base",
@@ -132,10 +153,11 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict
         if warm
         else None,
         "lora": bool(config.get("use_peft")),
-        "success_before": out["success_before"],
-        "success_after": out["success_after"],
-        "format_error_before": None if out["before"] is None else out["before"]["format_error_rate"],
-        "format_error_after": out["after"]["format_error_rate"],
+        "success_before": main.get("success_before", out["success_before"]),
+        "success_after": main.get("success_after", out["success_after"]),
+        "format_error_before": main.get("format_error_before", before.get("format_error_rate")),
+        "format_error_after": main.get("format_error_after", after["format_error_rate"]),
+        "eval_envs": per_env,
         "episodes": out["episodes"],
         "max_steps": max((row["step"] for row in history), default=0),
         "step_seconds_median": round(statistics.median(steps), 1) if steps else None,
@@ -144,8 +166,8 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None) -> dict
         "curves": png.name,
     }
     section = dict(report.load().get("real_model", {}))
-    runs = [r for r in section.get("runs", []) if r["recipe"] != run["recipe"]] + [run]
-    section.update(runs=runs)
+    same = lambda r: (r["recipe"], r.get("flags", "")) == (run["recipe"], run["flags"])  # noqa: E731
+    section.update(runs=[r for r in section.get("runs", []) if not same(r)] + [run])
     _store(section)
     print(json.dumps(run, indent=2))
     return run
@@ -166,7 +188,7 @@ def rl(recipe: str, extra: list[str]) -> dict:
         cwd=ROOT,
     )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-    return record(recipe, str(ROOT / run_dir), peak)
+    return record(recipe, str(ROOT / run_dir), peak, flags=extra)
 
 
 def speed_rows(repeats: int = 2) -> dict:
@@ -201,6 +223,7 @@ def main(argv: list[str]) -> None:
     b = sub.add_parser("baseline")
     b.add_argument("env_ids", nargs="*")
     b.add_argument("--episodes", type=int, default=EPISODES)
+    b.add_argument("--batch_size", type=int, default=64)
     r = sub.add_parser("rl")
     r.add_argument("recipe")
     c = sub.add_parser("record")
@@ -212,7 +235,11 @@ def main(argv: list[str]) -> None:
     if args.command in (None, "baseline"):
         if extra:
             p.error(f"unknown arguments {extra}")
-        baseline(getattr(args, "env_ids", None) or ENVS, getattr(args, "episodes", EPISODES))
+        baseline(
+            getattr(args, "env_ids", None) or ENVS,
+            getattr(args, "episodes", EPISODES),
+            getattr(args, "batch_size", 64),
+        )
     elif args.command == "rl":
         rl(args.recipe, extra)
     elif args.command == "speed":
@@ -220,9 +247,7 @@ def main(argv: list[str]) -> None:
             p.error(f"unknown arguments {extra}")
         speed_rows()
     else:
-        if extra:
-            p.error(f"unknown arguments {extra}")
-        record(args.recipe, args.run_dir, args.peak_rss_mib)
+        record(args.recipe, args.run_dir, args.peak_rss_mib, flags=extra)
 
 
 if __name__ == "__main__":

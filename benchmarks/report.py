@@ -340,14 +340,30 @@ def write(results: dict) -> None:
                 "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            run_name = lambda x: f"`{x['recipe']}`" + (f" `{x['flags']}`" if x.get("flags") else "")  # noqa: E731
             for x in r["runs"]:
                 start = x["start"] + (f" ({x['warm_start']})" if x.get("warm_start") else "")
                 lines.append(
-                    f"| `{x['recipe']}` | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
+                    f"| {run_name(x)} | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
                     f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
                     f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |"
                 )
             lines.append("")
+            several = [x for x in r["runs"] if len(x.get("eval_envs") or {}) > 1]
+            if several:
+                lines += [
+                    "Runs evaluated on several envs, each on its own held-out episodes:",
+                    "",
+                    "| run | eval env | success before -> after | format errors before -> after |",
+                    "|---|---|---|---|",
+                ]
+                for x in several:
+                    for env, e in x["eval_envs"].items():
+                        lines.append(
+                            f"| {run_name(x)} | {env} | {fmt(e['success_before'])} -> {fmt(e['success_after'])} "
+                            f"| {fmt(e['format_error_before'])} -> {fmt(e['format_error_after'])} |"
+                        )
+                lines.append("")
     if "whitening" in results:
         r = results["whitening"]
         lines += [

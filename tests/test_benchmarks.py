@@ -65,6 +65,60 @@ def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
     assert "0.500 -> 0.875 | 0.125 -> 0.000 | 3 | 30.0 |" in table
 
 
+def test_record_keeps_each_eval_env_and_each_set_of_flags(tmp_path, monkeypatch):
+    import real_model
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(real_model, "HERE", tmp_path)
+    recipe = tmp_path / "smollm2-cpu-y.yaml"
+    recipe.write_text(yaml.safe_dump({"env_id": "starpo/BanditSymbolic-v0", "warm_start_episodes": 8}))
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def metrics(train, test):
+        return {
+            "success": (train + test) / 2,
+            "format_error_rate": 0.0,
+            "BanditSymbolic-v0/success": train,
+            "BanditSymbolic-v0/format_error_rate": 0.5,
+            "BanditSymbolicTest-v0/success": test,
+            "BanditSymbolicTest-v0/format_error_rate": 0.25,
+        }
+
+    out = {
+        "env_id": "starpo/BanditSymbolicTest-v0",
+        "success_before": 0.5,
+        "success_after": 0.75,
+        "episodes": 256,
+        "before": metrics(0.25, 0.75),
+        "after": metrics(1.0, 0.5),
+        "wall_seconds": 10.0,
+        "log_history": [{"step": 1, "step_time": 5.0, "env/BanditSymbolic-v0/success": 0.5}],
+    }
+    (run / "report.json").write_text(json.dumps(out))
+    think = real_model.record(str(recipe), str(run))
+    plain = real_model.record(str(recipe), str(run), flags=["--enable_think", "false"])
+    assert (plain["success_before"], plain["success_after"]) == (0.75, 0.5)  # the recipe's eval_env_id
+    assert plain["eval_envs"]["BanditSymbolic-v0"] == {
+        "success_before": 0.25,
+        "success_after": 1.0,
+        "format_error_before": 0.5,
+        "format_error_after": 0.5,
+    }
+    assert plain["flags"] == "--enable_think false" and plain["curves"] == "real-smollm2-cpu-y-enable-think-false.png"
+    assert think["flags"] == "" and think["curves"] == "real-smollm2-cpu-y.png"
+    runs = json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"]
+    assert [r["flags"] for r in runs] == ["", "--enable_think false"]  # other flags: another entry
+    table = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| `recipes/smollm2-cpu-y.yaml` `--enable_think false` |" in table
+    assert (
+        "| `recipes/smollm2-cpu-y.yaml` `--enable_think false` | BanditSymbolic-v0 | 0.250 -> 1.000 | 0.500 -> 0.500 |"
+        in table
+    )
+
+
 def test_real_model_speed_rows(tmp_path, monkeypatch):
     import report
 
