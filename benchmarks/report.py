@@ -16,7 +16,8 @@ def load() -> dict:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
 
-# headline ratios also stand at the top level of results.json, where tools look for them
+# headline ratios also stand at the top level of results.json, where tools look for them: those of
+# `make bench` (speed.py, critic_memory.py); the real model's own ratios stay in its section
 HEADLINE = (
     "rollout_overhead_ratio",
     "batched_vs_sequential_speedup",
@@ -24,12 +25,14 @@ HEADLINE = (
     "lora_vs_full_ratio",
     "kv_reuse_speedup",
 )
+HEADLINE_SECTIONS = ("speed", "critic_memory")
 
 
 def store(key: str, value) -> dict:
     results = load()
     results[key] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), **value}
-    results.update({k: value[k] for k in HEADLINE if k in value})
+    if key in HEADLINE_SECTIONS:
+        results.update({k: value[k] for k in HEADLINE if k in value})
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     write(results)
     return results
