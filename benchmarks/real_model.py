@@ -178,17 +178,22 @@ def rl(recipe: str, extra: list[str]) -> dict:
 
     build()  # the model directory the recipes point at
     config = yaml.safe_load(pathlib.Path(recipe).read_text())
-    run_dir = config["output_dir"]
-    for i, flag in enumerate(extra[:-1]):
-        if flag == "--output_dir":
-            run_dir = extra[i + 1]
+    run_dir, flags = config["output_dir"], []  # flags: what changes the run (not where it is written)
+    i = 0
+    while i < len(extra):
+        if extra[i] in ("--output_dir", "--report_path") and i + 1 < len(extra):
+            run_dir = extra[i + 1] if extra[i] == "--output_dir" else run_dir
+            i += 2
+            continue
+        flags.append(extra[i])
+        i += 1
     subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "--config", recipe, "--disable_tqdm", "true", *extra],
         check=True,
         cwd=ROOT,
     )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-    return record(recipe, str(ROOT / run_dir), peak, flags=extra)
+    return record(recipe, str(ROOT / run_dir), peak, flags=flags)
 
 
 def speed_rows(repeats: int = 2) -> dict:
