@@ -64,6 +64,8 @@ bench-real: $(STAMP)
 	$(PY) benchmarks/real_model.py speed
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-frozenlake.yaml
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-symbolic-lora-nothink
 
 clean:
 	rm -rf $(VENV) runs
