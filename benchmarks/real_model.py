@@ -139,7 +139,7 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None, flags: 
         }
         for n in names
     }
-    main = per_env.get(env_name(out["env_id"]), {})
+    primary = per_env.get(env_name(out["env_id"]), {})  # the recipe's eval_env_id, when there are several
     run = {
         "recipe": f"recipes/{pathlib.Path(recipe).name}",
         "flags": " ".join(flags),
@@ -153,10 +153,10 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None, flags: 
         if warm
         else None,
         "lora": bool(config.get("use_peft")),
-        "success_before": main.get("success_before", out["success_before"]),
-        "success_after": main.get("success_after", out["success_after"]),
-        "format_error_before": main.get("format_error_before", before.get("format_error_rate")),
-        "format_error_after": main.get("format_error_after", after["format_error_rate"]),
+        "success_before": primary.get("success_before", out["success_before"]),
+        "success_after": primary.get("success_after", out["success_after"]),
+        "format_error_before": primary.get("format_error_before", before.get("format_error_rate")),
+        "format_error_after": primary.get("format_error_after", after["format_error_rate"]),
         "eval_envs": per_env,
         "episodes": out["episodes"],
         "max_steps": max((row["step"] for row in history), default=0),

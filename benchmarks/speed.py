@@ -35,6 +35,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
+from starpo_trl.models import eos_token_ids  # noqa: E402
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState  # noqa: E402
 from starpo_trl.rollout.hf_backend import sampling_config  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
@@ -65,7 +66,7 @@ def bare_generate_seconds(model, tok, calls) -> float:
     """Replay the recorded calls with plain model.generate (inputs padded before the clock starts),
     sampling from the same plain softmax as the engine (``sampling_config``) but without its logprob
     recording, KV reuse or prompt sharing."""
-    eos, pad = _ids(tok)
+    eos, pad = _ids(model, tok)
     total = 0.0
     for sequences, max_new, temperature, rng in calls:
         width = max(map(len, sequences))
@@ -83,9 +84,11 @@ def bare_generate_seconds(model, tok, calls) -> float:
     return total
 
 
-def _ids(tok) -> tuple[list[int], int]:
-    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    return eos, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+def _ids(model, tok) -> tuple[list[int], int]:
+    """The ids that end a turn and the padding id, as train.py and evaluate.py take them."""
+    return eos_token_ids(tok, model.generation_config.eos_token_id), (
+        tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    )
 
 
 SOKOBAN_STARTS = [StartState("starpo/Sokoban-v0", s) for s in range(8) for _ in range(4)]
@@ -94,7 +97,7 @@ SOKOBAN_ROLLOUT = RolloutConfig(max_turns=5, max_tokens_per_turn=24)
 
 def rollout_rows(model, tok, repeats: int = REPEATS, sequential: bool = True) -> dict:
     """32 Sokoban episodes x 5 turns (8 start states x 4): engine vs bare generate, KV reuse, prefill."""
-    eos, pad = _ids(tok)
+    eos, pad = _ids(model, tok)
     cfg, starts = SOKOBAN_ROLLOUT, SOKOBAN_STARTS
     ratios, speedups, prefill, walls = [], [], None, []
     RolloutEngine(tok, HFBackend(model, pad, eos), cfg, eos).run(starts[:4])  # warm-up
@@ -122,29 +125,25 @@ def rollout_rows(model, tok, repeats: int = REPEATS, sequential: bool = True) ->
             line += f", sequential x{speedups[-1]:.1f}"
         print(f"{line}, turns {max(e.num_turns for e in episodes)}", flush=True)
     rows = {
-        "rollout_overhead_ratio": _median(ratios),
+        "rollout_overhead_ratio": statistics.median(ratios),
         "kv_reuse_speedup": reuse,
         "rollout_seconds": {
-            "kv_reuse_off": round(_median([s[False] for s in seconds]), 2),
-            "kv_reuse_on": round(_median([s[True] for s in seconds]), 2),
-            "bare_generate": round(_median([b for _, b in walls]), 2),
+            "kv_reuse_off": round(statistics.median([s[False] for s in seconds]), 2),
+            "kv_reuse_on": round(statistics.median([s[True] for s in seconds]), 2),
+            "bare_generate": round(statistics.median([b for _, b in walls]), 2),
         },
         "prefill_tokens_per_episode_by_turn": [round(p, 1) for p in prefill],
         "prefill_tokens_per_episode_by_turn_kv_reuse": [round(p, 1) for p in read],
     }
     if sequential:
-        rows["batched_vs_sequential_speedup"] = _median(speedups)
+        rows["batched_vs_sequential_speedup"] = statistics.median(speedups)
     return rows
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)  # of 2 repeats: their mean
 
 
 def kv_reuse_speedup(model, tok, starts, cfg, repeats: int = REPEATS) -> tuple[float, list[dict]]:
     """Engine seconds without / with KV reuse across turns, same episodes (same RNG): the median
     ratio of the repeats, and each repeat's seconds."""
-    eos, pad = _ids(tok)
+    eos, pad = _ids(model, tok)
     ratios, runs = [], []
     for rep in range(repeats):
         seconds = {}
@@ -157,7 +156,7 @@ def kv_reuse_speedup(model, tok, starts, cfg, repeats: int = REPEATS) -> tuple[f
         ratios.append(seconds[False] / seconds[True])
         runs.append(seconds)
         print(f"kv reuse rep {rep}: off {seconds[False]:.2f}s, on {seconds[True]:.2f}s", flush=True)
-    return _median(ratios), runs
+    return statistics.median(ratios), runs
 
 
 def real_model_kv_reuse() -> dict:
@@ -252,7 +251,7 @@ def step_time_rows(tok, make_model, batch: int = 16, generations: int = 8, steps
         tokens = [
             r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")
         ]
-        times[name] = (sorted(steps)[len(steps) // 2], sum(tokens) / len(tokens))
+        times[name] = (statistics.median(steps), sum(tokens) / len(tokens))
         print(f"{name}: median step {times[name][0]:.3f}s, mean completion tokens {times[name][1]:.1f}", flush=True)
     # normalise by model tokens per step, since sampled lengths differ between the two runs
     per_token = {k: t / n for k, (t, n) in times.items()}
