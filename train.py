@@ -174,6 +174,29 @@ def write_outputs(trainer, run_args: RunArguments, args: StarPOConfig, result: d
     )
 
 
+def _fsdp(args: StarPOConfig) -> bool:
+    return bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def save_merged_policy(trainer: MultiTurnStarPOTrainer, output_dir: str) -> None:
+    """LoRA after a warm start: the warm start trained the whole model and the adapter only what RL added on top,
+    so the adapter on the original base is not the trained policy. Replace the saved adapter with the policy as
+    evaluated: the warm-started model with the adapter merged in, a full model (also what ``push_to_hub`` uploads).
+    A LoRA critic is already saved in ``value_model/``; merging unloads its adapter from the policy."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.model = trainer.model_wrapped = policy.merge_and_unload(adapter_names=["default"])
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        for name in ADAPTER_FILES:
+            path = os.path.join(output_dir, name)
+            if os.path.exists(path):
+                os.remove(path)
+    trainer.save_model(output_dir, _internal_call=True)  # no push here, and the critic stays as saved
+
+
 def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
     start = time.time()
     # recipes may point at a home-relative directory, e.g. the offline model `make model` writes
@@ -189,6 +212,12 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             "The warm start (SFT before RL, for the CPU demos) cannot run under DeepSpeed: a second DeepSpeed Accelerator "
             "cannot be created in one process. Set warm_start_episodes=0, or warm-start separately (e.g. with TRL's SFT "
             "script) and pass that model as model_name_or_path."
+        )
+    if run_args.warm_start_episodes > 0 and model_args.use_peft and _fsdp(args):
+        raise ValueError(
+            "A warm start with LoRA cannot run under FSDP: the warm start trains the whole model, so the saved policy is "
+            "the warm-started model with the adapter merged in, and merging needs the unsharded weights. Set "
+            "warm_start_episodes=0 and pass a warm-started model as model_name_or_path, or train without FSDP."
         )
     model, tokenizer = load_model_and_tokenizer(
         model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code
@@ -215,6 +244,8 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     after = trainer.evaluate_success(name="after RL")
     trainer.save_model(args.output_dir)
+    if run_args.warm_start_episodes > 0 and model_args.use_peft:
+        save_merged_policy(trainer, args.output_dir)
     trainer.create_model_card()
     result = {
         "env_id": args.eval_env_id,

@@ -183,6 +183,65 @@ def test_user_env_trains_and_evaluate_reproduces_the_training_evaluation(tmp_pat
         assert evaluation[key] == pytest.approx(report["after"][key]), key
 
 
+def test_lora_after_a_warm_start_saves_the_policy_it_evaluated(tmp_path):
+    """The warm start trains the whole model and LoRA only adds to it, so the adapter alone (on the original base)
+    is not the trained policy: the saved model is the merged one, and evaluate.py on it reproduces training's
+    greedy evaluation."""
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "recipes/demo-cpu-bandit.yaml"),
+        "--output_dir",
+        str(out),
+        "--report_path",
+        "",
+        "--warm_start_episodes",
+        "48",
+        "--warm_start_epochs",
+        "1",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--learning_rate",
+        "0.05",
+        "--max_steps",
+        "1",
+        "--num_eval_episodes",
+        "8",
+        "--eval_temperature",
+        "0",
+        "--tiny_hidden_size",
+        "32",
+        "--tiny_num_layers",
+        "1",
+        "--disable_tqdm",
+        "true",
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tmp_path, env=_env())
+    assert (out / "model.safetensors").exists()
+    assert not any((out / name).exists() for name in ("adapter_config.json", "adapter_model.safetensors"))
+    assert "library_name: transformers" in (out / "README.md").read_text()
+    report = json.loads((out / "report.json").read_text())
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(out), "--output", str(tmp_path / "e.json")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+    )
+    assert res.returncode == 0, res.stderr
+    evaluation = json.loads((tmp_path / "e.json").read_text())
+    assert evaluation["episodes"] == 8 and evaluation["temperature"] == 0
+    for key in ("success", "reward_mean", "turns", "format_error_rate"):  # greedy: the very same episodes
+        assert evaluation[key] == pytest.approx(report["after"][key]), key
+
+
 def test_evaluate_exits_non_zero_when_envs_fail(tmp_path):
     from starpo_trl.tiny import save_tiny
 

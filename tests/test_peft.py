@@ -56,3 +56,22 @@ def test_lora_critic_trains_its_own_adapter_on_the_shared_base(tmp_path, tiny_to
     assert all("lora_" in n for n in changed)  # the shared base did not move
     assert trainer.model.active_adapter == "default"
     assert any(k.startswith("critic/") for row in trainer.state.log_history for k in row)
+
+    # after a warm start the policy is saved merged (train.save_merged_policy): the very function it computes,
+    # without the critic's adapter; the critic keeps its own saved copy
+    import train
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([tiny_tokenizer("<answer> Dragon </answer>")["input_ids"]])
+    with torch.no_grad():
+        policy_logits = trainer.model(input_ids=ids).logits
+        with trainer.model.disable_adapter():
+            assert not torch.allclose(trainer.model(input_ids=ids).logits, policy_logits, atol=1e-5)  # it trained
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    train.save_merged_policy(trainer, str(out))
+    assert (out / "value_model").is_dir() and not (out / "adapter_config.json").exists()
+    saved = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in n for n, _ in saved.named_parameters())
+    with torch.no_grad():
+        assert torch.allclose(saved(input_ids=ids).logits, policy_logits, atol=1e-5)

@@ -164,7 +164,16 @@ def test_colab_notebook_is_valid_and_installs_like_the_readme():
             compile(python, "cell", "exec")  # every Python line of every cell parses
 
 
-def test_warm_start_under_deepspeed_fails_before_the_model_loads(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "env, extra, message",
+    [
+        ("ACCELERATE_USE_DEEPSPEED", {}, "cannot run under DeepSpeed"),
+        ("ACCELERATE_USE_FSDP", {"use_peft": True}, "with LoRA cannot run under FSDP"),
+    ],
+)
+def test_warm_start_under_deepspeed_or_lora_under_fsdp_fails_before_the_model_loads(
+    tmp_path, monkeypatch, env, extra, message
+):
     from trl import ModelConfig, TrlParser
 
     import train
@@ -173,12 +182,13 @@ def test_warm_start_under_deepspeed_fails_before_the_model_loads(tmp_path, monke
 
     parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
     config = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
-    run_args, args, model_args, tiny_args = parser.parse_dict({**config, "output_dir": str(tmp_path)})
+    run_args, args, model_args, tiny_args = parser.parse_dict({**config, "output_dir": str(tmp_path), **extra})
     assert run_args.warm_start_episodes > 0
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` with a DeepSpeed config sets it
+    monkeypatch.setenv(env, "true")  # as `accelerate launch` with a DeepSpeed / FSDP config sets it
     monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
-    with pytest.raises(ValueError, match="warm_start_episodes=0"):
+    with pytest.raises(ValueError, match=message) as err:
         train.main(run_args, args, model_args, tiny_args)
+    assert "warm_start_episodes=0" in str(err.value)
 
 
 def test_report_path_may_not_be_the_runs_own_report(tmp_path, monkeypatch):
