@@ -59,8 +59,9 @@ def test_lora_critic_trains_its_own_adapter_on_the_shared_base(tmp_path, tiny_to
 
     # after a warm start the policy is saved merged (train.save_merged_policy): the very function it computes,
     # without the critic's adapter; the critic keeps its own saved copy
-    import train
     from transformers import AutoModelForCausalLM
+
+    import train
 
     ids = torch.tensor([tiny_tokenizer("<answer> Dragon </answer>")["input_ids"]])
     with torch.no_grad():
