@@ -229,7 +229,14 @@ def test_lora_after_a_warm_start_saves_the_policy_it_evaluated(tmp_path):
     assert "library_name: transformers" in (out / "README.md").read_text()
     report = json.loads((out / "report.json").read_text())
     res = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "--model_name_or_path", str(out), "--output", str(tmp_path / "e.json")],
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            "--model_name_or_path",
+            str(out),
+            "--output",
+            str(tmp_path / "e.json"),
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
