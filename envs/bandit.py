@@ -6,7 +6,9 @@ with probability ``risky_prob``, else 0). The seed decides which name is the ris
 observation describes both, so the agent must read it. With the defaults the risky arm is the
 better bet (expected 0.25 against 0.15). Training uses the names ``Dragon``/``Phoenix``; the
 registered test variant ``starpo/BanditTest-v0`` uses ``Tiger``/``Crane`` to check that the
-learned behaviour is not tied to two words.
+learned behaviour is not tied to two words. ``arm_names`` may also be a list of pairs (one drawn
+per seed, then the risky one of its two names), e.g. ``PAYOUT_TRAIN_PAIRS``: many pairs, none of
+them the test names, so that only the payouts tell the arms apart.
 
 The paper's form (``show_payouts=False``; ``starpo/BanditSymbolic-v0`` and
 ``starpo/BanditSymbolicTest-v0``): the observation gives only the two names, a low-risk-sounding
@@ -41,7 +43,8 @@ was chosen, whatever the draw paid. Truncated after ``max_steps`` invalid action
 ``risky_prob=0.25``, ``max_steps=10``, ``show_payouts=True``, ``render_mode=None | "ansi"``.
 
 ## Version history
-v0: first version; ``show_payouts`` added (the paper's names-only form).
+v0: first version; ``show_payouts`` added (the paper's names-only form); several pairs with
+payouts shown.
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ from envs.base import TextEnv, step_info
 
 TRAIN_ARMS = ("Dragon", "Phoenix")
 TEST_ARMS = ("Tiger", "Crane")
+# with payouts shown: training pairs that leave out the test names (the payouts alone tell the arms apart)
+PAYOUT_TRAIN_PAIRS = [
+    ("Dragon", "Phoenix"),
+    ("Lion", "Eagle"),
+    ("Wolf", "Owl"),
+    ("Ruby", "Pearl"),
+    ("Maple", "Cedar"),
+    ("Comet", "Moon"),
+    ("Falcon", "Dove"),
+    ("Bear", "Fox"),
+    ("River", "Stone"),
+    ("Amber", "Jade"),
+    ("Orion", "Vega"),
+    ("Rose", "Lily"),
+]
 # the paper's form: (low-risk-sounding, high-risk-sounding) names; the high-risk one is the risky arm
 SYMBOLIC_TRAIN_ARMS = ("Phoenix", "Dragon")
 SYMBOLIC_TEST_ARMS = [("Turtle", "Shark"), ("Bank", "Casino"), ("Shield", "Sword"), ("Oak", "Storm")]
@@ -73,10 +91,6 @@ class BanditEnv(TextEnv):
         for pair in pairs:
             if len(pair) != 2 or pair[0].lower() == pair[1].lower():
                 raise ValueError(f"arm_names must be two different names (or a list of such pairs), got {arm_names!r}")
-        if len(pairs) > 1 and show_payouts:
-            raise ValueError(
-                "several arm-name pairs are for the names-only form: set show_payouts=False, or give one pair."
-            )
         if not 0 <= risky_prob <= 1:
             raise ValueError(f"risky_prob must be in [0, 1], got {risky_prob}")
         self.pairs, self.show_payouts = pairs, show_payouts
@@ -102,7 +116,9 @@ class BanditEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        if self.show_payouts:
+        if self.show_payouts:  # several pairs: the seed picks the pair, then which of its names is risky
+            if len(self.pairs) > 1:
+                self._set_names(list(self.pairs[int(self.np_random.integers(len(self.pairs)))]))
             self.risky = int(self.np_random.integers(2))
         else:  # the high-risk-sounding name is the risky arm; the seed picks the pair and the listing order
             low, high = self.pairs[int(self.np_random.integers(len(self.pairs)))]

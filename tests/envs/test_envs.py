@@ -245,8 +245,28 @@ def test_symbolic_bandit_shows_names_only_and_the_high_risk_name_is_the_better_a
         test_pairs.add(frozenset(names))
         assert test.step(names[1 - test.risky])[4]["success"] is False
     assert orders == {("Phoenix", "Dragon"), ("Dragon", "Phoenix")} and len(test_pairs) == 4
-    with pytest.raises(ValueError, match="names-only"):
-        BanditEnv(arm_names=[("A", "B"), ("C", "D")])
+
+
+def test_bandit_with_payouts_over_several_pairs_draws_a_pair_then_the_risky_name():
+    from gymnasium.utils.seeding import np_random
+
+    from envs.bandit import PAYOUT_TRAIN_PAIRS, TEST_ARMS
+
+    assert not {name for pair in PAYOUT_TRAIN_PAIRS for name in pair} & set(TEST_ARMS)  # the test names stay unseen
+    env, single = BanditEnv(arm_names=PAYOUT_TRAIN_PAIRS), BanditEnv()
+    seen = set()
+    for seed in range(60):
+        obs, _ = env.reset(seed=seed)
+        rng, _ = np_random(seed)  # the env's own generator: the pair first, then the risky index
+        pair = PAYOUT_TRAIN_PAIRS[int(rng.integers(len(PAYOUT_TRAIN_PAIRS)))]
+        assert tuple(env.action_names) == pair and env.risky == int(rng.integers(2))
+        risky, safe = pair[env.risky], pair[1 - env.risky]
+        assert f"Arm {risky}: pays 1.0 with probability 0.25" in obs and f"Arm {safe}: pays 0.15 every time." in obs
+        assert env.expert_action() == risky and env.step(safe)[4]["success"] is False
+        seen.add((pair, env.risky))
+        single.reset(seed=seed)  # one pair: only the risky index is drawn, as before
+        assert single.risky == int(np_random(seed)[0].integers(2))
+    assert len({pair for pair, _ in seen}) == len(PAYOUT_TRAIN_PAIRS) and len(seen) > len(PAYOUT_TRAIN_PAIRS)
 
 
 # -- Countdown / Arithmetic ---------------------------------------------------------------------------
