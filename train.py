@@ -169,9 +169,23 @@ def write_outputs(trainer, run_args: RunArguments, args: StarPOConfig, result: d
     )
     if run_args.report_path:
         append_report(run_args.report_path, result, wall)
-    print(
-        f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']} on {args.num_eval_episodes} held-out episodes ({wall:.0f}s)"
-    )
+    for line in summary_lines(args, result):
+        print(f"{line} on {args.num_eval_episodes} held-out episodes per env ({wall:.0f}s)")
+
+
+def summary_lines(args: StarPOConfig, result: dict) -> list[str]:
+    """One ``env: success before -> after`` line per eval env; with several, ``success_before/after`` of the
+    result are pooled over all of them (and said so), each env's own are ``<name>/success``."""
+    envs = args.eval_envs()
+    if len(envs) == 1:
+        return [f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']}"]
+    before, after = result["before"] or {}, result["after"]
+    lines = [
+        f"{env.env_id}: success {before.get(f'{env.name}/success')} -> {after[f'{env.name}/success']}" for env in envs
+    ]
+    return lines + [
+        f"all {len(envs)} eval envs pooled: success {result['success_before']} -> {result['success_after']}"
+    ]
 
 
 def _fsdp(args: StarPOConfig) -> bool:

@@ -212,3 +212,26 @@ def test_the_expert_keeps_to_the_action_budgets(tiny_tokenizer):
     (demo,) = _demos(tiny_tokenizer, [11], 0.0, cfg, actions_per_turn=2)
     answers = [parse_reply(m["content"]).actions for m in demo["messages"] if m["role"] == "assistant"]
     assert answers == [["Right", "Right"], ["Down"]] and not demo["success"]  # the clean expert's path on lake 11
+
+
+def test_the_closing_line_names_each_eval_env_and_says_when_success_is_pooled(tmp_path):
+    from helpers import make_args
+
+    import train
+
+    one = make_args(tmp_path, eval_env_id="starpo/BanditTest-v0")
+    result = {"success_before": 0.25, "success_after": 0.5, "before": {"success": 0.25}, "after": {"success": 0.5}}
+    assert train.summary_lines(one, result) == ["starpo/BanditTest-v0: success 0.25 -> 0.5"]
+    two = make_args(
+        tmp_path,
+        eval_env_id="starpo/BanditTest-v0",
+        eval_env_configs=[{"env_id": "starpo/BanditTest-v0"}, {"env_id": "starpo/Bandit-v0"}],
+    )
+    before = {"success": 0.375, "BanditTest-v0/success": 0.25, "Bandit-v0/success": 0.5}
+    after = {"success": 0.625, "BanditTest-v0/success": 0.5, "Bandit-v0/success": 0.75}
+    result = {"success_before": 0.375, "success_after": 0.625, "before": before, "after": after}
+    assert train.summary_lines(two, result) == [
+        "starpo/BanditTest-v0: success 0.25 -> 0.5",
+        "starpo/Bandit-v0: success 0.5 -> 0.75",
+        "all 2 eval envs pooled: success 0.375 -> 0.625",
+    ]
