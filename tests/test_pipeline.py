@@ -74,6 +74,9 @@ def test_recipes_parse(recipe):
 
 
 def test_train_and_evaluate_cli_end_to_end(tmp_path):
+    """train.py with a warm start and LoRA, then evaluate.py on the saved model alone. The warm start trains the
+    whole model and LoRA only adds to it, so the adapter on the original base is not the trained policy: the saved
+    model is the merged one, and evaluate.py on it reproduces training's greedy evaluation."""
     out = tmp_path / "run"
     report = tmp_path / "report.json"
     cmd = [
@@ -86,13 +89,24 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
         "--report_path",
         str(report),
         "--warm_start_episodes",
-        "16",
+        "48",
         "--warm_start_epochs",
         "1",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--learning_rate",
+        "0.05",
         "--max_steps",
         "2",
         "--num_eval_episodes",
         "8",
+        "--eval_temperature",
+        "0",
         "--disable_tqdm",
         "true",
         "--tiny_hidden_size",
@@ -106,6 +120,8 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
     assert result["env_id"] == "starpo/Bandit-v0" and result["episodes"] == 8
     assert 0 <= result["success_before"] <= 1 and 0 <= result["success_after"] <= 1 and data["wall_seconds"] > 0
     assert (out / "curves.png").stat().st_size > 1000 and (out / "model.safetensors").exists()
+    assert not any((out / name).exists() for name in ("adapter_config.json", "adapter_model.safetensors"))
+    assert "library_name: transformers" in (out / "README.md").read_text()
 
     res = subprocess.run(
         [
@@ -113,14 +129,6 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
             str(ROOT / "evaluate.py"),
             "--model_name_or_path",
             str(out),
-            "--env_id",
-            "starpo/Bandit-v0",
-            "--num_episodes",
-            "8",
-            "--max_turns",
-            "1",
-            "--max_tokens_per_turn",
-            "16",
             "--output",
             str(tmp_path / "eval.json"),
         ],
@@ -130,7 +138,10 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
         cwd=tmp_path,
     )
     metrics = json.loads((tmp_path / "eval.json").read_text())
-    assert metrics["episodes"] == 8 and "success" in res.stdout and 0 <= metrics["success"] <= 1
+    assert metrics["episodes"] == 8 and metrics["temperature"] == 0 and "success" in res.stdout
+    after = json.loads((out / "report.json").read_text())["after"]
+    for key in ("success", "reward_mean", "turns", "format_error_rate"):  # greedy: the very same episodes
+        assert metrics[key] == pytest.approx(after[key]), key
 
 
 def test_evaluate_cli_rejects_unknown_env(tmp_path):
