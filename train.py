@@ -211,14 +211,8 @@ def save_merged_policy(trainer: MultiTurnStarPOTrainer, output_dir: str) -> None
     trainer.save_model(output_dir, _internal_call=True)  # no push here, and the critic stays as saved
 
 
-def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
-    start = time.time()
-    # recipes may point at a home-relative directory, e.g. the offline model `make model` writes
-    if model_args.model_name_or_path and model_args.model_name_or_path.startswith("~"):
-        model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
-    if run_args.critic_init.startswith("~"):
-        run_args.critic_init = os.path.expanduser(run_args.critic_init)
-    check_run(run_args, args)
+def check_warm_start(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig) -> None:
+    """The warm start's limits under DeepSpeed and FSDP, checked before any model loads."""
     if run_args.warm_start_episodes > 0 and (
         args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     ):
@@ -233,6 +227,17 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
             "the warm-started model with the adapter merged in, and merging needs the unsharded weights. Set "
             "warm_start_episodes=0 and pass a warm-started model as model_name_or_path, or train without FSDP."
         )
+
+
+def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
+    start = time.time()
+    # recipes may point at a home-relative directory, e.g. the offline model `make model` writes
+    if model_args.model_name_or_path and model_args.model_name_or_path.startswith("~"):
+        model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+    if run_args.critic_init.startswith("~"):
+        run_args.critic_init = os.path.expanduser(run_args.critic_init)
+    check_run(run_args, args)
+    check_warm_start(run_args, args, model_args)
     model, tokenizer = load_model_and_tokenizer(
         model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code
     )
