@@ -21,6 +21,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from envs.contract import env_name
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.algorithms import critic_estimators, get_estimator
+from starpo_trl.checkpoints import save_model_extras
 from starpo_trl.config import RunArguments
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
@@ -188,8 +189,12 @@ def summary_lines(args: StarPOConfig, result: dict) -> list[str]:
     ]
 
 
-def _fsdp(args: StarPOConfig) -> bool:
-    return bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+def _launched_with(args: StarPOConfig, backend: str) -> bool:
+    """``args.deepspeed`` / ``args.fsdp`` set, or ``accelerate launch`` with such a config (it sets
+    ``ACCELERATE_USE_DEEPSPEED`` / ``ACCELERATE_USE_FSDP``)."""
+    return (
+        bool(getattr(args, backend)) or os.environ.get(f"ACCELERATE_USE_{backend.upper()}", "false").lower() == "true"
+    )
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -197,31 +202,30 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
 
 def save_merged_policy(trainer: MultiTurnStarPOTrainer, output_dir: str) -> None:
     """LoRA after a warm start: the warm start trained the whole model and the adapter only what RL added on top,
-    so the adapter on the original base is not the trained policy. Replace the saved adapter with the policy as
-    evaluated: the warm-started model with the adapter merged in, a full model (also what ``push_to_hub`` uploads).
-    A LoRA critic is already saved in ``value_model/``; merging unloads its adapter from the policy."""
+    so the adapter on the original base is not the trained policy. Save the policy as evaluated instead: the
+    warm-started model with the adapter merged in, a full model (also what ``push_to_hub`` uploads; the adapter
+    alone is never saved or pushed). A LoRA critic is saved first, to ``value_model/``: merging unloads its adapter."""
+    save_model_extras(output_dir, trainer.args, trainer.critic, write=trainer.args.should_save)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.model = trainer.model_wrapped = policy.merge_and_unload(adapter_names=["default"])
     trainer.accelerator.wait_for_everyone()
-    if trainer.args.should_save:
+    if trainer.args.should_save:  # an adapter left in the folder by an earlier run would load in place of the model
         for name in ADAPTER_FILES:
             path = os.path.join(output_dir, name)
             if os.path.exists(path):
                 os.remove(path)
-    trainer.save_model(output_dir, _internal_call=True)  # no push here, and the critic stays as saved
+    trainer.save_model(output_dir, _internal_call=True)  # the critic is saved above; main pushes at the end
 
 
 def check_warm_start(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig) -> None:
     """The warm start's limits under DeepSpeed and FSDP, checked before any model loads."""
-    if run_args.warm_start_episodes > 0 and (
-        args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    ):
+    if run_args.warm_start_episodes > 0 and _launched_with(args, "deepspeed"):
         raise ValueError(
             "The warm start (SFT before RL, for the CPU demos) cannot run under DeepSpeed: a second DeepSpeed Accelerator "
             "cannot be created in one process. Set warm_start_episodes=0, or warm-start separately (e.g. with TRL's SFT "
             "script) and pass that model as model_name_or_path."
         )
-    if run_args.warm_start_episodes > 0 and model_args.use_peft and _fsdp(args):
+    if run_args.warm_start_episodes > 0 and model_args.use_peft and _launched_with(args, "fsdp"):
         raise ValueError(
             "A warm start with LoRA cannot run under FSDP: the warm start trains the whole model, so the saved policy is "
             "the warm-started model with the adapter merged in, and merging needs the unsharded weights. Set "
@@ -262,9 +266,10 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     # resuming re-runs the (seeded) warm start first: a LoRA checkpoint holds only the adapter, not the warm-started base
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     after = trainer.evaluate_success(name="after RL")
-    trainer.save_model(args.output_dir)
     if run_args.warm_start_episodes > 0 and model_args.use_peft:
         save_merged_policy(trainer, args.output_dir)
+    else:
+        trainer.save_model(args.output_dir)
     trainer.create_model_card()
     result = {
         "env_id": args.eval_env_id,

@@ -2,6 +2,9 @@
 
 from starpo_trl import StarPOConfig
 
+# a small LoRA on the tiny model, as train.py flags
+TINY_LORA_FLAGS = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
+
 
 def make_args(tmp_path, **kw):
     base = dict(

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import yaml
+from helpers import TINY_LORA_FLAGS
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
 from starpo_trl.rollout.prompting import parse_reply
@@ -92,13 +93,7 @@ def test_train_and_evaluate_cli_end_to_end(tmp_path):
         "48",
         "--warm_start_epochs",
         "1",
-        "--use_peft",
-        "true",
-        "--lora_r",
-        "4",
-        "--lora_target_modules",
-        "q_proj",
-        "v_proj",
+        *TINY_LORA_FLAGS,
         "--learning_rate",
         "0.05",
         "--max_steps",

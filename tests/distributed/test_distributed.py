@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
+from helpers import TINY_LORA_FLAGS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -205,13 +206,7 @@ def test_two_cpu_processes_train_a_lora_critic_in_step(tmp_path, warm_bandit):
         "gae",
         "--critic_type",
         "lora",
-        "--use_peft",
-        "true",
-        "--lora_r",
-        "4",
-        "--lora_target_modules",
-        "q_proj",
-        "v_proj",
+        *TINY_LORA_FLAGS,
         "--critic_learning_rate",
         "0.003",
         "--max_steps",
@@ -335,13 +330,7 @@ def test_zero2_trains_a_lora_critic_in_step(tmp_path):
         "gae",
         "--critic_type",
         "lora",
-        "--use_peft",
-        "true",
-        "--lora_r",
-        "4",
-        "--lora_target_modules",
-        "q_proj",
-        "v_proj",
+        *TINY_LORA_FLAGS,
         "--critic_learning_rate",
         "0.003",
         "--max_steps",
