@@ -62,6 +62,7 @@ bench-whitening: $(STAMP)
 bench-real: $(STAMP)
 	$(PY) benchmarks/real_model.py baseline
 	$(PY) benchmarks/real_model.py speed
+	$(PY) benchmarks/real_model.py decode
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-lora-nothink
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-pairs-lora.yaml

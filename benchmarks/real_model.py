@@ -4,6 +4,7 @@
     python benchmarks/real_model.py rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. recipes/smollm2-cpu-bandit-lora.yaml
     python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] [FLAGS ...]  # a run made with train.py --config RECIPE [FLAGS]
     python benchmarks/real_model.py speed                                    # rollout and step speed ratios
+    python benchmarks/real_model.py decode [--rows 64 --cached 1200 --steps 32] # the sampling cache, side by side
 
 `baseline`: `evaluate.py` on the unmodified model, held-out episodes at temperature 0.5 with
 StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format), one env
@@ -24,6 +25,12 @@ run: 32 Sokoban episodes x 5 turns (24 tokens per turn) with the HF backend's KV
 training step against TRL's `GRPOTrainer` on single-turn Bandit, per model token
 (`step_time_ratio_vs_trl_grpo`; full fine-tune, 8 replies of 32 tokens: 2 prompts x 4). Merged
 into "real_model".
+
+`decode`: one decode step of the HF backend with its sampling cache allocated once per call and
+written in place, against transformers' concatenating `DynamicLayer` given the same kept rows:
+`--rows` episodes with `--cached` tokens of history each (random token ids, read once), then
+`--steps` sampled tokens, alternately with each cache (median of 2 calls each; the draws must be
+the same). Seconds per decode step and their ratio (`sampling_cache_speedup`) into "real_model".
 """
 
 from __future__ import annotations
@@ -222,6 +229,80 @@ def speed_rows(repeats: int = 2) -> dict:
     return rows
 
 
+def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: int = 2) -> dict:
+    import report
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.cache_utils import DynamicLayer
+
+    from starpo_trl.offline_model import build
+    from starpo_trl.rollout import hf_backend
+
+    class Concatenating(DynamicLayer):
+        """transformers' own layer (a copy of the cache per token), given the kept rows as the backend lays them out."""
+
+        def __init__(self, capacity):
+            super().__init__()
+            self.capacity = capacity
+
+        def allocate(self, batch, keys, values, device):
+            self.device = device
+            self.key_buffer = keys.new_zeros((batch, keys.shape[-3], self.capacity, keys.shape[-1]))
+            self.value_buffer = values.new_zeros((batch, values.shape[-3], self.capacity, values.shape[-1]))
+
+        def advance(self, n):
+            self.keys, self.values = self.key_buffer[:, :, :n].clone(), self.value_buffer[:, :, :n].clone()
+            self.key_buffer = self.value_buffer = None
+            self.is_initialized = True
+
+        def free(self):
+            self.keys = self.values = None
+
+    torch.set_num_threads(2)
+    model_dir = build()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    history = [torch.randint(100, len(tok) - 100, (cached,), generator=g).tolist() for _ in range(rows)]
+    backend = hf_backend.HFBackend(
+        model, tok.pad_token_id, [len(tok) + 1]
+    )  # no end token: every row samples `steps` tokens
+    first = backend.generate(history, 1, 0.5)
+    kept = backend._kept
+    nxt = [tokens + [reply[0][0], tok.pad_token_id] for (tokens, _), reply in zip(kept, first)]
+    seconds, draws, own = {"preallocated": [], "concatenating": []}, {}, hf_backend._CallLayer
+    try:
+        for _ in range(repeats):
+            for name, layer in (("preallocated", own), ("concatenating", Concatenating)):
+                hf_backend._CallLayer = layer
+                backend._kept = [(t, [(k.clone(), v.clone()) for k, v in rows_]) for t, rows_ in kept]
+                torch.manual_seed(0)
+                start = time.perf_counter()
+                out = backend.generate(nxt, steps, 0.5)
+                seconds[name].append((time.perf_counter() - start) / steps)
+                draws.setdefault(name, [ids for ids, _ in out])
+    finally:
+        hf_backend._CallLayer = own
+    if draws["preallocated"] != draws["concatenating"]:
+        raise RuntimeError("the two caches drew different tokens")
+    pre, cat = statistics.median(seconds["preallocated"]), statistics.median(seconds["concatenating"])
+    result = {
+        "decode_step_seconds": {
+            "rows": rows,
+            "cached_tokens": cached,
+            "steps": steps,
+            "preallocated": [round(x, 3) for x in seconds["preallocated"]],
+            "concatenating": [round(x, 3) for x in seconds["concatenating"]],
+        },
+        "sampling_cache_speedup": round(cat / pre, 3),
+    }
+    section = dict(report.load().get("real_model", {}))
+    section.update(result)
+    _store(section)
+    print(json.dumps(result, indent=2))
+    return result
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
@@ -236,6 +317,10 @@ def main(argv: list[str]) -> None:
     c.add_argument("run_dir")
     c.add_argument("--peak_rss_mib", type=float)
     sub.add_parser("speed")
+    d = sub.add_parser("decode")
+    d.add_argument("--rows", type=int, default=64)
+    d.add_argument("--cached", type=int, default=1200)
+    d.add_argument("--steps", type=int, default=32)
     args, extra = p.parse_known_args(argv)
     if args.command in (None, "baseline"):
         if extra:
@@ -251,6 +336,10 @@ def main(argv: list[str]) -> None:
         if extra:
             p.error(f"unknown arguments {extra}")
         speed_rows()
+    elif args.command == "decode":
+        if extra:
+            p.error(f"unknown arguments {extra}")
+        decode_rows(args.rows, args.cached, args.steps)
     else:
         record(args.recipe, args.run_dir, args.peak_rss_mib, flags=extra)
 

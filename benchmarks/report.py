@@ -320,6 +320,15 @@ def write(results: dict) -> None:
         ]
         if "rollout_overhead_ratio" in r:
             lines += real_model_speed_lines(r)
+        if "sampling_cache_speedup" in r:
+            d = r["decode_step_seconds"]
+            lines += [
+                f"Sampling cache (`python benchmarks/real_model.py decode`): one decode step of {d['rows']} rows with "
+                f"{d['cached_tokens']} cached tokens, the HF backend's cache allocated once per call "
+                f"({', '.join(map(str, d['preallocated']))} s) against transformers' concatenating `DynamicLayer` "
+                f"({', '.join(map(str, d['concatenating']))} s), same draws: **{r['sampling_cache_speedup']:.2f}x**.",
+                "",
+            ]
         if r.get("baseline"):
             lines += [
                 "Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "

@@ -3,7 +3,10 @@ KV reuse across turns and shared prompts."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from transformers.cache_utils import DynamicLayer
 
 
 def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list[int], pad_token_id: int):
@@ -54,6 +57,11 @@ class HFBackend:
     row sees exactly its own tokens at their own positions. The engine calls ``reset()`` at the start
     of every rollout: kept values belong to the weights they were computed with. With the same cache
     layout, identical new sequences (the copies of a start state in a group) are read once and shared.
+
+    Each call's cache is allocated once for its full length (kept history + new tokens + the token
+    limit, ``_CallLayer``) and written in place: ``DynamicCache`` appends by concatenation, copying
+    the whole cache for every sampled token (on SmolLM2-135M, 64 rows with 1,200 cached tokens:
+    0.64-0.73 s per decode step against 0.93-1.07 s).
     """
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], reuse_cache: bool = True):
@@ -98,17 +106,19 @@ class HFBackend:
             attention_mask[i, lc - c : lc] = 1
             attention_mask[i, lc + ls - len(suffix) :] = 1
         self.prefill_tokens += sum(len(x) for x in suffixes)
-        past = None
-        if lc > 0:  # the kept rows, right-aligned in one cache; zeros (masked) on the left
-            layers = []
+        # one cache for the whole call, allocated once for its full length: each step writes its
+        # token's keys and values in place (``DynamicCache`` concatenates, copying the cache every token)
+        past = DynamicCache()
+        past.layer_class_to_replicate = functools.partial(_CallLayer, lc + ls + max_new_tokens)
+        if lc > 0:  # the kept rows, right-aligned; zeros (masked) on the left
             for layer, (k0, v0) in enumerate(next(k for k in kept if k is not None)[1]):
-                keys = k0.new_zeros((n, k0.shape[0], lc, k0.shape[2]))
-                values = v0.new_zeros((n, v0.shape[0], lc, v0.shape[2]))
+                lay = past.layer_class_to_replicate()
+                lay.allocate(n, k0, v0, device)
                 for i, (entry, c) in enumerate(zip(kept, cached)):
                     if entry is not None:
-                        keys[i, :, lc - c :], values[i, :, lc - c :] = entry[1][layer]
-                layers.append((keys.to(device), values.to(device)))
-            past = DynamicCache(ddp_cache_data=layers)
+                        lay.key_buffer[i, :, lc - c : lc], lay.value_buffer[i, :, lc - c : lc] = entry[1][layer]
+                lay.advance(lc)
+                past.layers.append(lay)
         # the kept rows now live in ``past``: drop them so the cache is not held twice while sampling
         # (256 episodes x 5 turns of 256 tokens of a 135M model: about 12 GB each)
         self._kept, kept = [], None
@@ -205,8 +215,55 @@ class HFBackend:
                         torch.cat([v[i, :, a:b] for a, b in spans[i]], dim=1),
                     )
                 )
-            layer.keys = layer.values = k = v = None
+            layer.free()
+            k = v = None
         self._kept = [(list(sequences[i]) + results[i][0][:-1], layers[i]) for i in rows]
+
+
+class _CallLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values live in buffers allocated once for the call's full
+    length (history, new tokens and the reply's token limit): ``update`` writes the new positions in
+    place and exposes the filled part as a view, where ``DynamicLayer`` concatenates (copying the
+    whole cache for every sampled token: per step, work that grows with rows x history).
+    The buffers start at zero, so a masked gap never holds a non-finite value."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+        self.key_buffer = self.value_buffer = None
+
+    def allocate(self, batch: int, keys: torch.Tensor, values: torch.Tensor, device) -> None:
+        """Buffers for ``batch`` rows shaped like one row's ``keys`` / ``values`` (heads, length, dim)."""
+        self.device = device
+        self.key_buffer = keys.new_zeros((batch, keys.shape[-3], self.capacity, keys.shape[-1]), device=device)
+        self.value_buffer = values.new_zeros((batch, values.shape[-3], self.capacity, values.shape[-1]), device=device)
+        self.is_initialized = True
+
+    def advance(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            raise RuntimeError(f"cache of {self.capacity} positions asked for {self.length + n}")
+        self.length += n
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.allocate(key_states.shape[0], key_states[0], value_states[0], key_states.device)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self.key_buffer[:, :, self.length : self.length + n] = key_states
+        self.value_buffer[:, :, self.length : self.length + n] = value_states
+        self.advance(n)
+        return self.keys, self.values
+
+    def free(self) -> None:
+        self.keys = self.values = self.key_buffer = self.value_buffer = None
+
+    def reset(self) -> None:
+        self.free()
+        self.length, self.is_initialized = 0, False
 
 
 class _SampledLogprobs:

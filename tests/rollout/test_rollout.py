@@ -353,8 +353,72 @@ def test_kv_reuse_holds_the_cache_once(tiny_tokenizer, tiny_model, monkeypatch):
     # turn 1 starts from the shared prompts' cache, turns 2 and 3 from the kept rows: each a cache
     # the backend itself no longer holds
     assert seen == [(0, True)] * 3
-    assert all(layer.keys is None and layer.values is None for cache in caches for layer in cache.layers)
+    assert all(layer.keys is None and layer.key_buffer is None for cache in caches for layer in cache.layers)
+    assert all(layer.values is None and layer.value_buffer is None for cache in caches for layer in cache.layers)
     assert backend._kept and all(k.is_contiguous() for _, rows in backend._kept for k, _ in rows)
+
+
+def test_the_sampling_cache_is_allocated_once_per_call_and_samples_as_a_dynamic_cache(
+    tiny_tokenizer, tiny_model, monkeypatch
+):
+    """Each call's cache is allocated once for history + new tokens + the token limit and written in
+    place (no copy of the cache per sampled token); the draws are those of transformers' own
+    ``DynamicLayer``, which concatenates."""
+    from transformers.cache_utils import DynamicLayer
+
+    from starpo_trl.rollout import hf_backend
+
+    def play(layer_class):
+        monkeypatch.setattr(hf_backend, "_CallLayer", layer_class)
+        torch.manual_seed(0)
+        backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+        return engine(tiny_tokenizer, backend, max_turns=3, max_tokens_per_turn=10, temperature=0.7).run(
+            sokoban_starts(2, 2)
+        )
+
+    real, storages, capacities, made = hf_backend._CallLayer, set(), set(), []
+
+    class Watched(real):
+        def __init__(self, capacity):
+            super().__init__(capacity)
+            made.append(self)
+            self.serial = len(made)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            storages.add((self.serial, keys.untyped_storage().data_ptr(), values.untyped_storage().data_ptr()))
+            capacities.add(self.capacity)
+            return keys, values
+
+    watched = play(Watched)
+    layers = {layer for layer, _, _ in storages}
+    # one storage per layer of each call, whatever the number of steps: 3 calls (turns)
+    assert len(storages) == len(layers) == len(made) == 3 * tiny_model.config.num_hidden_layers
+    assert max(capacities) <= 3 * 10 + max(len(ep.prompt_ids) + len(ep.completion_ids) for ep in watched)
+
+    class Concatenating(DynamicLayer):  # transformers' own layer, given the kept rows the same way
+        def __init__(self, capacity):
+            super().__init__()
+            self.capacity = capacity
+
+        def allocate(self, batch, keys, values, device):
+            self.key_buffer = keys.new_zeros((batch, keys.shape[-3], self.capacity, keys.shape[-1]))
+            self.value_buffer = values.new_zeros((batch, values.shape[-3], self.capacity, values.shape[-1]))
+            self.device = device
+
+        def advance(self, n):
+            self.keys, self.values = self.key_buffer[:, :, :n].clone(), self.value_buffer[:, :, :n].clone()
+            self.key_buffer = self.value_buffer = None
+            self.is_initialized = True
+
+        def free(self):
+            self.keys = self.values = None
+
+    concatenated = play(Concatenating)
+    assert [ep.completion_ids for ep in watched] == [ep.completion_ids for ep in concatenated]
+    for a, b in zip(watched, concatenated):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-6
+        assert_logprobs_match_a_forward_pass(tiny_model, a, temperature=0.7)
 
 
 def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(tiny_tokenizer, scripted):
