@@ -32,7 +32,10 @@ action: nothing is pulled and the step counts.
 With ``show_payouts=False``: ``Arms: Dragon, Phoenix.``
 
 ## Rewards
-The pulled arm's payout.
+The pulled arm's payout. With ``expected_reward=True``, its expected payout instead (0.25 for the
+risky arm, 0.15 for the safe one with the defaults): the same choice problem without the draw's
+noise, for training (a group of 8 pulls cannot tell a 0.1 edge from luck: the risky arm's payout
+has a standard deviation of 0.43). Observation, actions and ``success`` are unchanged.
 
 ## Termination
 Terminated after the first valid pull. ``success`` means the arm with the higher expected payout
@@ -40,11 +43,12 @@ was chosen, whatever the draw paid. Truncated after ``max_steps`` invalid action
 
 ## Arguments
 ``arm_names=("Dragon", "Phoenix")``, ``safe_reward=0.15``, ``risky_reward=1.0``,
-``risky_prob=0.25``, ``max_steps=10``, ``show_payouts=True``, ``render_mode=None | "ansi"``.
+``risky_prob=0.25``, ``max_steps=10``, ``show_payouts=True``, ``expected_reward=False``,
+``render_mode=None | "ansi"``.
 
 ## Version history
 v0: first version; ``show_payouts`` added (the paper's names-only form); several pairs with
-payouts shown.
+payouts shown; ``expected_reward``.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class BanditEnv(TextEnv):
         risky_prob: float = 0.25,
         max_steps: int = 10,
         show_payouts: bool = True,
+        expected_reward: bool = False,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode)
@@ -93,7 +98,7 @@ class BanditEnv(TextEnv):
                 raise ValueError(f"arm_names must be two different names (or a list of such pairs), got {arm_names!r}")
         if not 0 <= risky_prob <= 1:
             raise ValueError(f"risky_prob must be in [0, 1], got {risky_prob}")
-        self.pairs, self.show_payouts = pairs, show_payouts
+        self.pairs, self.show_payouts, self.expected_reward = pairs, show_payouts, expected_reward
         self.safe_reward, self.risky_reward, self.risky_prob = safe_reward, risky_reward, risky_prob
         self.max_steps = max_steps
         self._set_names(list(pairs[0]))
@@ -151,7 +156,9 @@ class BanditEnv(TextEnv):
                 step_info(done and self.pulled == self.best_arm, idx is not None, False),
             )
         self.pulled = idx
-        if idx == self.risky:
+        if idx == self.risky and self.expected_reward:
+            reward = self.risky_reward * self.risky_prob
+        elif idx == self.risky:
             reward = self.risky_reward if self.np_random.random() < self.risky_prob else 0.0
         else:
             reward = self.safe_reward

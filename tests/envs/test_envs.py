@@ -269,6 +269,27 @@ def test_bandit_with_payouts_over_several_pairs_draws_a_pair_then_the_risky_name
     assert len({pair for pair, _ in seen}) == len(PAYOUT_TRAIN_PAIRS) and len(seen) > len(PAYOUT_TRAIN_PAIRS)
 
 
+def test_bandit_expected_reward_pays_each_arms_mean_and_keeps_the_rest():
+    from envs.bandit import PAYOUT_TRAIN_PAIRS
+
+    for seed in range(20):
+        noisy, mean = (
+            BanditEnv(arm_names=PAYOUT_TRAIN_PAIRS),
+            BanditEnv(arm_names=PAYOUT_TRAIN_PAIRS, expected_reward=True),
+        )
+        obs, _ = noisy.reset(seed=seed)
+        assert mean.reset(seed=seed)[0] == obs and mean.action_names == noisy.action_names
+        risky, safe = noisy.action_names[noisy.risky], noisy.action_names[1 - noisy.risky]
+        assert mean.step(risky)[1:3] == (0.25, True) and noisy.step(risky)[1] in (0.0, 1.0)
+        mean.reset(seed=seed)
+        _, r, term, _, info = mean.step(safe)
+        assert (r, term, info["success"]) == (0.15, True, False)
+    mean = BanditEnv(risky_prob=0.1, expected_reward=True)  # expected 0.1 < 0.15: the safe arm is the better one
+    mean.reset(seed=0)
+    _, r, _, _, info = mean.step(mean.action_names[mean.risky])
+    assert r == pytest.approx(0.1) and not info["success"]
+
+
 # -- Countdown / Arithmetic ---------------------------------------------------------------------------
 def test_countdown_scoring_by_hand():
     numbers, target = [7, 3, 5, 2], 22
