@@ -68,7 +68,8 @@ class HFBackend:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
-        self.reuse_cache = reuse_cache and _full_attention(model)
+        self.full_attention = _full_attention(model)
+        self.reuse_cache = reuse_cache and self.full_attention
         self.prefill_tokens = 0  # tokens run through the model before sampling, over all calls
         self._kept: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
 
@@ -108,8 +109,10 @@ class HFBackend:
         self.prefill_tokens += sum(len(x) for x in suffixes)
         # one cache for the whole call, allocated once for its full length: each step writes its
         # token's keys and values in place (``DynamicCache`` concatenates, copying the cache every token)
-        past = DynamicCache()
-        past.layer_class_to_replicate = functools.partial(_CallLayer, lc + ls + max_new_tokens)
+        # (other architectures, e.g. sliding-window or linear-attention layers, get the cache their config asks for)
+        past = DynamicCache() if self.full_attention else None
+        if past is not None:
+            past.layer_class_to_replicate = functools.partial(_CallLayer, lc + ls + max_new_tokens)
         if lc > 0:  # the kept rows, right-aligned; zeros (masked) on the left
             for layer, (k0, v0) in enumerate(next(k for k in kept if k is not None)[1]):
                 lay = past.layer_class_to_replicate()

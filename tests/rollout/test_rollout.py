@@ -421,6 +421,27 @@ def test_the_sampling_cache_is_allocated_once_per_call_and_samples_as_a_dynamic_
         assert_logprobs_match_a_forward_pass(tiny_model, a, temperature=0.7)
 
 
+def test_other_attention_layouts_get_the_cache_their_config_asks_for(tiny_tokenizer, tiny_model, monkeypatch):
+    """A model with sliding-window or linear-attention layers is not given the backend's full-length
+    cache (nor KV reuse): ``generate`` builds the cache from the model's config, as without the backend."""
+    from starpo_trl.rollout import hf_backend
+
+    monkeypatch.setattr(hf_backend, "_full_attention", lambda model: False)
+    backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+    given, real = [], tiny_model.generate
+
+    def spy(*args, **kwargs):
+        given.append(kwargs.get("cache"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "generate", spy)
+    torch.manual_seed(0)
+    episodes = engine(tiny_tokenizer, backend, max_turns=2, max_tokens_per_turn=8).run(sokoban_starts(1, 2))
+    assert not backend.reuse_cache and given and all(cache is None for cache in given)
+    for ep in episodes:
+        assert_logprobs_match_a_forward_pass(tiny_model, ep, temperature=1.0)
+
+
 def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(tiny_tokenizer, scripted):
     """The engine keeps no per-run state: the backend can change between runs (as the trainer's
     does with new weights), and each run returns its own timings."""
