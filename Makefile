@@ -66,6 +66,7 @@ bench-real: $(STAMP)
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-lora-nothink
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-pairs-lora.yaml
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-pairs-expected-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-frozenlake.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-symbolic-lora-nothink
