@@ -91,7 +91,7 @@ class HFBackend:
 
     @torch.no_grad()
     def generate(self, sequences, max_new_tokens, temperature):
-        from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList
 
         device = next(self.model.parameters()).device
         kept = self._match(sequences) if self.reuse_cache else [None] * len(sequences)
@@ -107,21 +107,7 @@ class HFBackend:
             attention_mask[i, lc - c : lc] = 1
             attention_mask[i, lc + ls - len(suffix) :] = 1
         self.prefill_tokens += sum(len(x) for x in suffixes)
-        # one cache for the whole call, allocated once for its full length: each step writes its
-        # token's keys and values in place (``DynamicCache`` concatenates, copying the cache every token)
-        # (other architectures, e.g. sliding-window or linear-attention layers, get the cache their config asks for)
-        past = DynamicCache() if self.full_attention else None
-        if past is not None:
-            past.layer_class_to_replicate = functools.partial(_CallLayer, lc + ls + max_new_tokens)
-        if lc > 0:  # the kept rows, right-aligned; zeros (masked) on the left
-            for layer, (k0, v0) in enumerate(next(k for k in kept if k is not None)[1]):
-                lay = past.layer_class_to_replicate()
-                lay.allocate(n, k0, v0, device)
-                for i, (entry, c) in enumerate(zip(kept, cached)):
-                    if entry is not None:
-                        lay.key_buffer[i, :, lc - c : lc], lay.value_buffer[i, :, lc - c : lc] = entry[1][layer]
-                lay.advance(lc)
-                past.layers.append(lay)
+        past = self._sampling_cache(kept, cached, lc + ls + max_new_tokens, device)
         # the kept rows now live in ``past``: drop them so the cache is not held twice while sampling
         # (256 episodes x 5 turns of 256 tokens of a 135M model: about 12 GB each)
         self._kept, kept = [], None
@@ -153,6 +139,30 @@ class HFBackend:
         if self.reuse_cache:
             self._keep(sequences, cached, suffixes, lc, ls, results, out.past_key_values)
         return results
+
+    def _sampling_cache(self, kept, cached, capacity, device):
+        """One cache for the whole call, allocated once for ``capacity`` positions: each step writes
+        its token's keys and values in place (``DynamicCache`` concatenates, copying the cache every
+        token). The kept rows are laid out right-aligned, zeros (masked) on their left. Other
+        architectures (sliding-window or linear-attention layers) get ``None``: ``generate`` builds the
+        cache their config asks for."""
+        from transformers import DynamicCache
+
+        if not self.full_attention:
+            return None
+        past = DynamicCache()
+        past.layer_class_to_replicate = functools.partial(_CallLayer, capacity)
+        lc = max(cached)
+        if lc > 0:
+            for layer, (k0, v0) in enumerate(next(k for k in kept if k is not None)[1]):
+                lay = past.layer_class_to_replicate()
+                lay.allocate(len(kept), k0, v0, device)
+                for i, (entry, c) in enumerate(zip(kept, cached)):
+                    if entry is not None:
+                        lay.key_buffer[i, :, lc - c : lc], lay.value_buffer[i, :, lc - c : lc] = entry[1][layer]
+                lay.advance(lc)
+                past.layers.append(lay)
+        return past
 
     def _share_prompts(self, sequences, kept, device) -> list:
         """Identical new sequences (a group's ``num_generations`` copies of one start state) are read once.
