@@ -265,10 +265,10 @@ class _CallLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        self.key_buffer[:, :, self.length : self.length + n] = key_states
-        self.value_buffer[:, :, self.length : self.length + n] = value_states
-        self.advance(n)
+        start, n = self.length, key_states.shape[-2]
+        self.advance(n)  # checks the room first
+        self.key_buffer[:, :, start : start + n] = key_states
+        self.value_buffer[:, :, start : start + n] = value_states
         return self.keys, self.values
 
     def free(self) -> None:

@@ -421,6 +421,18 @@ def test_the_sampling_cache_is_allocated_once_per_call_and_samples_as_a_dynamic_
         assert_logprobs_match_a_forward_pass(tiny_model, a, temperature=0.7)
 
 
+def test_the_sampling_cache_refuses_more_positions_than_it_was_allocated():
+    from starpo_trl.rollout.hf_backend import _CallLayer
+
+    layer = _CallLayer(4)
+    keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).reshape(2, 1, 3, 2)
+    out, _ = layer.update(keys, keys + 100)
+    assert torch.equal(out, keys) and layer.key_buffer.shape == (2, 1, 4, 2)
+    with pytest.raises(RuntimeError, match="cache of 4 positions asked for 6"):
+        layer.update(keys[:, :, :3], keys[:, :, :3])
+    assert layer.length == 3  # nothing written past the room
+
+
 def test_other_attention_layouts_get_the_cache_their_config_asks_for(tiny_tokenizer, tiny_model, monkeypatch):
     """A model with sliding-window or linear-attention layers is not given the backend's full-length
     cache (nor KV reuse): ``generate`` builds the cache from the model's config, as without the backend."""
