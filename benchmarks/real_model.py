@@ -46,6 +46,7 @@ import tempfile
 import time
 
 import yaml
+from transformers.cache_utils import DynamicLayer
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -229,34 +230,36 @@ def speed_rows(repeats: int = 2) -> dict:
     return rows
 
 
+class ConcatenatingLayer(DynamicLayer):
+    """transformers' own cache layer (a copy of the whole cache per token), given the kept rows as the
+    HF backend lays them out: the reference its in-place ``_CallLayer`` is measured (``decode``) and
+    tested (tests/rollout/test_rollout.py) against."""
+
+    def __init__(self, capacity):
+        super().__init__()
+        self.capacity = capacity
+
+    def allocate(self, batch, keys, values, device):
+        self.device = device
+        self.key_buffer = keys.new_zeros((batch, keys.shape[-3], self.capacity, keys.shape[-1]))
+        self.value_buffer = values.new_zeros((batch, values.shape[-3], self.capacity, values.shape[-1]))
+
+    def advance(self, n):
+        self.keys, self.values = self.key_buffer[:, :, :n].clone(), self.value_buffer[:, :, :n].clone()
+        self.key_buffer = self.value_buffer = None
+        self.is_initialized = True
+
+    def free(self):
+        self.keys = self.values = None
+
+
 def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: int = 2) -> dict:
     import report
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.cache_utils import DynamicLayer
 
     from starpo_trl.offline_model import build
     from starpo_trl.rollout import hf_backend
-
-    class Concatenating(DynamicLayer):
-        """transformers' own layer (a copy of the cache per token), given the kept rows as the backend lays them out."""
-
-        def __init__(self, capacity):
-            super().__init__()
-            self.capacity = capacity
-
-        def allocate(self, batch, keys, values, device):
-            self.device = device
-            self.key_buffer = keys.new_zeros((batch, keys.shape[-3], self.capacity, keys.shape[-1]))
-            self.value_buffer = values.new_zeros((batch, values.shape[-3], self.capacity, values.shape[-1]))
-
-        def advance(self, n):
-            self.keys, self.values = self.key_buffer[:, :, :n].clone(), self.value_buffer[:, :, :n].clone()
-            self.key_buffer = self.value_buffer = None
-            self.is_initialized = True
-
-        def free(self):
-            self.keys = self.values = None
 
     torch.set_num_threads(2)
     model_dir = build()
@@ -273,7 +276,7 @@ def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: in
     seconds, draws, own = {"preallocated": [], "concatenating": []}, {}, hf_backend._CallLayer
     try:
         for _ in range(repeats):
-            for name, layer in (("preallocated", own), ("concatenating", Concatenating)):
+            for name, layer in (("preallocated", own), ("concatenating", ConcatenatingLayer)):
                 hf_backend._CallLayer = layer
                 backend._kept = [(t, [(k.clone(), v.clone()) for k, v in rows_]) for t, rows_ in kept]
                 torch.manual_seed(0)

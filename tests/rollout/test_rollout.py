@@ -364,8 +364,7 @@ def test_the_sampling_cache_is_allocated_once_per_call_and_samples_as_a_dynamic_
     """Each call's cache is allocated once for history + new tokens + the token limit and written in
     place (no copy of the cache per sampled token); the draws are those of transformers' own
     ``DynamicLayer``, which concatenates."""
-    from transformers.cache_utils import DynamicLayer
-
+    from benchmarks.real_model import ConcatenatingLayer
     from starpo_trl.rollout import hf_backend
 
     def play(layer_class):
@@ -396,25 +395,7 @@ def test_the_sampling_cache_is_allocated_once_per_call_and_samples_as_a_dynamic_
     assert len(storages) == len(layers) == len(made) == 3 * tiny_model.config.num_hidden_layers
     assert max(capacities) <= 3 * 10 + max(len(ep.prompt_ids) + len(ep.completion_ids) for ep in watched)
 
-    class Concatenating(DynamicLayer):  # transformers' own layer, given the kept rows the same way
-        def __init__(self, capacity):
-            super().__init__()
-            self.capacity = capacity
-
-        def allocate(self, batch, keys, values, device):
-            self.key_buffer = keys.new_zeros((batch, keys.shape[-3], self.capacity, keys.shape[-1]))
-            self.value_buffer = values.new_zeros((batch, values.shape[-3], self.capacity, values.shape[-1]))
-            self.device = device
-
-        def advance(self, n):
-            self.keys, self.values = self.key_buffer[:, :, :n].clone(), self.value_buffer[:, :, :n].clone()
-            self.key_buffer = self.value_buffer = None
-            self.is_initialized = True
-
-        def free(self):
-            self.keys = self.values = None
-
-    concatenated = play(Concatenating)
+    concatenated = play(ConcatenatingLayer)  # transformers' own layer, given the kept rows the same way
     assert [ep.completion_ids for ep in watched] == [ep.completion_ids for ep in concatenated]
     for a, b in zip(watched, concatenated):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-6
