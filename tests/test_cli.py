@@ -258,3 +258,34 @@ def test_torch_install_takes_the_cpu_build(tmp_path, index_url, local, expected)
     subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh")], check=True, env=env, capture_output=True)
     calls = [re.sub(r"/\S*tmp\.\w+", "TMP", line) for line in log.read_text().split("\n")[:-1]]
     assert calls == expected
+
+
+def test_the_script_ends_the_process_group_after_a_finished_run_only(tmp_path, monkeypatch):
+    """train.py's entry point destroys the process group once main returned (gloo's threads left alive at exit can
+    abort a rank), and leaves it to the launcher when main raised (a failed rank must not wait on the others)."""
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT))
+    import train
+
+    argv = ["--model_name_or_path", "tiny", "--env_id", "starpo/Bandit-v0", "--output_dir", str(tmp_path / "out")]
+    store = str(tmp_path / "store")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        seen = []
+        monkeypatch.setattr(train, "main", lambda *a: seen.append(dist.is_initialized()) or {"success_after": 1.0})
+        assert train.cli(argv) == {"success_after": 1.0}
+        assert seen == [True] and not dist.is_initialized()
+
+        dist.init_process_group("gloo", init_method=f"file://{store}-2", rank=0, world_size=1)
+
+        def fails(*a):
+            raise RuntimeError("a rank failed")
+
+        monkeypatch.setattr(train, "main", fails)
+        with pytest.raises(RuntimeError, match="a rank failed"):
+            train.cli(argv)
+        assert dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
