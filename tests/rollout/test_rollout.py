@@ -450,3 +450,47 @@ def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(ti
     assert first[0].num_format_errors == 0 and second[0].num_format_errors == 1
     assert first.timings is not second.timings
     assert not hasattr(eng, "timings") and not hasattr(eng, "progress")
+
+
+def test_grouped_kv_heads_reach_the_cpu_kernel_as_they_are(tiny_tokenizer, tiny_model, monkeypatch):
+    """On CPU, sampling hands SDPA the model's grouped key/value heads (``enable_gqa``) instead of
+    transformers' repeated or folded heads; same draws and logprobs as transformers' own path (which a
+    user's TRANSFORMERS_SDPA_FORCE_GQA=0 keeps), the switch is off again after the call."""
+    import os
+
+    import torch.nn.functional as F
+
+    from starpo_trl.rollout.hf_backend import FORCE_GQA
+
+    cfg = tiny_model.config
+    assert cfg.num_key_value_heads < cfg.num_attention_heads  # the tiny model groups its heads
+    calls, real = [], F.scaled_dot_product_attention
+
+    def spy(query, key, value, *args, **kwargs):
+        calls.append((query.shape[1], key.shape[1], kwargs.get("enable_gqa", False), os.environ.get(FORCE_GQA)))
+        return real(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+
+    def play():
+        calls.clear()
+        torch.manual_seed(0)
+        backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+        eps = engine(tiny_tokenizer, backend, max_turns=3, max_tokens_per_turn=10, temperature=0.7).run(
+            sokoban_starts(2, 2)
+        )
+        return eps, list(calls)
+
+    monkeypatch.delenv(FORCE_GQA, raising=False)
+    grouped, seen = play()
+    assert seen and all(c == (cfg.num_attention_heads, cfg.num_key_value_heads, True, "1") for c in seen)
+    assert FORCE_GQA not in os.environ
+
+    monkeypatch.setenv(FORCE_GQA, "0")  # the user's choice is kept: transformers' repeat / fold
+    theirs, seen = play()
+    # (transformers passes grouped heads itself only where no mask is needed)
+    assert any(not gqa for _, _, gqa, _ in seen) and os.environ[FORCE_GQA] == "0"
+    assert [ep.completion_ids for ep in grouped] == [ep.completion_ids for ep in theirs]
+    for a, b in zip(grouped, theirs):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert_logprobs_match_a_forward_pass(tiny_model, a, temperature=0.7)
