@@ -2,7 +2,7 @@
 
     python benchmarks/real_model.py baseline [ENV_ID ...] [--episodes N]   # make bench-real (all envs below)
     python benchmarks/real_model.py rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. recipes/smollm2-cpu-bandit-lora.yaml
-    python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] [FLAGS ...]  # a run made with train.py --config RECIPE [FLAGS]
+    python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] [--note TEXT] [FLAGS ...]  # a run made with train.py --config RECIPE [FLAGS]
     python benchmarks/real_model.py speed                                    # rollout and step speed ratios
     python benchmarks/real_model.py decode [--rows 64 --cached 1200 --steps 32] # the sampling cache, side by side
 
@@ -121,10 +121,17 @@ def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64)
     return base
 
 
-def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None, flags: list[str] | None = None) -> dict:
+def record(
+    recipe: str,
+    run_dir: str,
+    peak_rss_mib: float | None = None,
+    flags: list[str] | None = None,
+    note: str | None = None,
+) -> dict:
     """One finished `train.py --config RECIPE [FLAGS]` run (its output_dir) as a "runs" entry (one
     per recipe and flags). With several eval envs (``eval_env_configs``) each one's before/after
-    goes to ``eval_envs``; ``success_before/after`` are then the recipe's ``eval_env_id``'s."""
+    goes to ``eval_envs``; ``success_before/after`` are then the recipe's ``eval_env_id``'s.
+    ``note``: what the numbers alone do not say (e.g. another job shared the CPU), printed under the table."""
     import report
 
     from envs.contract import env_name
@@ -176,6 +183,7 @@ def record(recipe: str, run_dir: str, peak_rss_mib: float | None = None, flags: 
         "wall_seconds": out["wall_seconds"],
         "peak_rss_mib": None if peak_rss_mib is None else round(peak_rss_mib),
         "curves": png.name,
+        **({"note": note} if note else {}),
     }
     section = dict(report.load().get("real_model", {}))
     same = lambda r: (r["recipe"], r.get("flags", "")) == (run["recipe"], run["flags"])  # noqa: E731
@@ -340,6 +348,7 @@ def main(argv: list[str]) -> None:
     c.add_argument("recipe")
     c.add_argument("run_dir")
     c.add_argument("--peak_rss_mib", type=float)
+    c.add_argument("--note", help="what the numbers alone do not say, printed under the runs table")
     sub.add_parser("speed")
     d = sub.add_parser("decode")
     d.add_argument("--rows", type=int, default=64)
@@ -365,7 +374,7 @@ def main(argv: list[str]) -> None:
             p.error(f"unknown arguments {extra}")
         decode_rows(args.rows, args.cached, args.steps)
     else:
-        record(args.recipe, args.run_dir, args.peak_rss_mib, flags=extra)
+        record(args.recipe, args.run_dir, args.peak_rss_mib, flags=extra, note=args.note)
 
 
 if __name__ == "__main__":

@@ -370,6 +370,8 @@ def write(results: dict) -> None:
                     f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |"
                 )
             lines.append("")
+            noted = [x for x in r["runs"] if x.get("note")]
+            lines += [f"- {run_name(x)}: {x['note']}" for x in noted] + ([""] if noted else [])
             several = [x for x in r["runs"] if len(x.get("eval_envs") or {}) > 1]
             if several:
                 lines += [

@@ -63,6 +63,13 @@ def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
     table = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| `recipes/smollm2-cpu-x.yaml` | `starpo/Bandit-v0` | `starpo/BanditTest-v0` | sft" in table
     assert "0.500 -> 0.875 | 0.125 -> 0.000 | 3 | 30.0 |" in table
+    assert "- `recipes/smollm2-cpu-x.yaml`:" not in table  # no note, no line
+    real_model.record(str(recipe), str(run), note="another job shared the CPU in steps 1-2")
+    assert json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"][0]["note"].startswith("another")
+    assert (
+        "- `recipes/smollm2-cpu-x.yaml`: another job shared the CPU in steps 1-2"
+        in (tmp_path / "BENCHMARKS.md").read_text()
+    )
 
 
 def test_record_keeps_each_eval_env_and_each_set_of_flags(tmp_path, monkeypatch):
