@@ -69,6 +69,8 @@ bench-real: $(STAMP)
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-pairs-expected-lora.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-frozenlake.yaml
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-s1
+	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-s2
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-symbolic-lora-nothink
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s1
 	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s2
