@@ -30,17 +30,13 @@ into "real_model".
 written in place, against transformers' concatenating `DynamicLayer` given the same kept rows:
 `--rows` episodes with `--cached` tokens of history each (random token ids, read once), then
 `--steps` sampled tokens, alternately with each cache (median of 2 calls each; the draws must be
-the same). Also the same cache with transformers' own attention path (`TRANSFORMERS_SDPA_FORCE_GQA=0`:
-key/value heads repeated or query heads folded) against the backend's, which hands PyTorch's CPU
-kernel the grouped heads (`grouped_attention_speedup`, and the largest gap between their sampled
-tokens' logprobs). Seconds per decode step and the ratios into "real_model".
+the same). Seconds per decode step and their ratio (`sampling_cache_speedup`) into "real_model".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import resource
 import statistics
@@ -285,36 +281,22 @@ def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: in
     first = backend.generate(history, 1, 0.5)
     kept = backend._kept
     nxt = [tokens + [reply[0][0], tok.pad_token_id] for (tokens, _), reply in zip(kept, first)]
-    # (name, cache layer, TRANSFORMERS_SDPA_FORCE_GQA): "repeated_heads" is transformers' own attention path,
-    # which the backend's grouped_kv_on_cpu leaves alone when the user set the variable
-    variants = (
-        ("preallocated", hf_backend._CallLayer, None),
-        ("concatenating", ConcatenatingLayer, None),
-        ("repeated_heads", hf_backend._CallLayer, "0"),
-    )
-    seconds, draws, logps, own = {name: [] for name, _, _ in variants}, {}, {}, hf_backend._CallLayer
+    seconds, draws, own = {"preallocated": [], "concatenating": []}, {}, hf_backend._CallLayer
     try:
         for _ in range(repeats):
-            for name, layer, force in variants:
+            for name, layer in (("preallocated", own), ("concatenating", ConcatenatingLayer)):
                 hf_backend._CallLayer = layer
-                if force is not None:
-                    os.environ[hf_backend.FORCE_GQA] = force
                 backend._kept = [(t, [(k.clone(), v.clone()) for k, v in rows_]) for t, rows_ in kept]
                 torch.manual_seed(0)
                 start = time.perf_counter()
                 out = backend.generate(nxt, steps, 0.5)
                 seconds[name].append((time.perf_counter() - start) / steps)
-                os.environ.pop(hf_backend.FORCE_GQA, None)
                 draws.setdefault(name, [ids for ids, _ in out])
-                logps.setdefault(name, [lp for _, lp in out])
     finally:
         hf_backend._CallLayer = own
-        os.environ.pop(hf_backend.FORCE_GQA, None)
-    if not draws["preallocated"] == draws["concatenating"] == draws["repeated_heads"]:
-        raise RuntimeError("the caches or attention paths drew different tokens")
-    gap = max(abs(a - b) for x, y in zip(logps["preallocated"], logps["repeated_heads"]) for a, b in zip(x, y))
+    if draws["preallocated"] != draws["concatenating"]:
+        raise RuntimeError("the two caches drew different tokens")
     pre, cat = statistics.median(seconds["preallocated"]), statistics.median(seconds["concatenating"])
-    rep = statistics.median(seconds["repeated_heads"])
     result = {
         "decode_step_seconds": {
             "rows": rows,
@@ -322,11 +304,8 @@ def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: in
             "steps": steps,
             "preallocated": [round(x, 3) for x in seconds["preallocated"]],
             "concatenating": [round(x, 3) for x in seconds["concatenating"]],
-            "repeated_heads": [round(x, 3) for x in seconds["repeated_heads"]],
         },
         "sampling_cache_speedup": round(cat / pre, 3),
-        "grouped_attention_speedup": round(rep / pre, 3),
-        "grouped_attention_max_logprob_gap": float(f"{gap:.3g}"),
     }
     section = dict(report.load().get("real_model", {}))
     section.update(result)

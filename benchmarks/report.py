@@ -329,15 +329,6 @@ def write(results: dict) -> None:
                 f"({', '.join(map(str, d['concatenating']))} s), same draws: **{r['sampling_cache_speedup']:.2f}x**.",
                 "",
             ]
-            if "grouped_attention_speedup" in r:
-                lines += [
-                    "Grouped key/value heads (same run): the backend hands PyTorch's CPU attention kernel the model's "
-                    f"grouped heads ({', '.join(map(str, d['preallocated']))} s per step) where transformers repeats "
-                    f"or folds them (`TRANSFORMERS_SDPA_FORCE_GQA=0`: {', '.join(map(str, d['repeated_heads']))} s), "
-                    f"same draws, sampled tokens' logprobs within {r['grouped_attention_max_logprob_gap']:.2g}: "
-                    f"**{r['grouped_attention_speedup']:.2f}x**.",
-                    "",
-                ]
         if r.get("baseline"):
             lines += [
                 "Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "

@@ -42,15 +42,3 @@ def test_the_trainer_uses_no_other_private_parent_name():
     )
     unlisted = sorted(used - ours - allowed)
     assert not unlisted, f"add these parent internals to starpo_trl/trl_private.py: {unlisted}"
-
-
-def test_transformers_still_reads_the_cpu_grouped_attention_switch():
-    """starpo_trl.rollout.hf_backend.grouped_kv_on_cpu sets this variable; a transformers release that stops reading
-    it would silently bring back the slower path on CPU."""
-    from transformers.integrations import sdpa_attention
-
-    from starpo_trl.rollout.hf_backend import FORCE_GQA
-
-    assert FORCE_GQA in inspect.getsource(sdpa_attention.use_gqa_in_sdpa), (
-        f"transformers no longer reads {FORCE_GQA}: update grouped_kv_on_cpu"
-    )

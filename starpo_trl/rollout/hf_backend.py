@@ -3,36 +3,10 @@ KV reuse across turns and shared prompts."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 
 import torch
 from transformers.cache_utils import DynamicLayer
-
-FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' use_gqa_in_sdpa (tests/test_trl_private.py)
-
-
-@contextlib.contextmanager
-def grouped_kv_on_cpu(device: torch.device):
-    """Grouped-query attention on CPU, handed to PyTorch's kernel as it is.
-
-    Given an attention mask (always, here: rows are padded), transformers' SDPA attention does not pass
-    grouped key/value heads to PyTorch, because CUDA's fused kernels cannot take a mask and grouped
-    heads together: it repeats each key/value head for its query heads (a copy of the cache) or, when
-    decoding, folds the query heads into the query length. PyTorch's CPU kernel takes both
-    (``enable_gqa``): on SmolLM2 (9 query heads, 3 key/value heads) a decode step of 64 rows x 1,200
-    cached tokens took 0.58-0.62 s against 0.82-1.13 s, same draws. transformers' switch for it is the
-    ``TRANSFORMERS_SDPA_FORCE_GQA`` environment variable: set here for the call on a CPU device and
-    removed after; a value the user set is left as it is. Other attention implementations ignore it."""
-    if device.type != "cpu" or FORCE_GQA in os.environ:
-        yield
-        return
-    os.environ[FORCE_GQA] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(FORCE_GQA, None)
 
 
 def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list[int], pad_token_id: int):
@@ -144,16 +118,13 @@ class HFBackend:
         self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
         record = _SampledLogprobs(1.0 if greedy else temperature)
         try:
-            with grouped_kv_on_cpu(device):
-                out = self.model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
-                    cache=past,
-                    generation_config=sampling_config(
-                        max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id
-                    ),
-                    logits_processor=LogitsProcessorList([record]),
-                )
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                cache=past,
+                generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
+                logits_processor=LogitsProcessorList([record]),
+            )
         finally:
             self.model.generation_config = own
         if was_training:
@@ -215,13 +186,12 @@ class HFBackend:
         position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
         was_training = self.model.training
         self.model.eval()
-        with grouped_kv_on_cpu(device):
-            out = self.model(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                position_ids=position_ids.to(device),
-                use_cache=True,
-            )
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            use_cache=True,
+        )
         if was_training:
             self.model.train()
         self.prefill_tokens += sum(len(seq) - 1 for seq in shared)
