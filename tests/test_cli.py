@@ -18,15 +18,10 @@ def _env():
 
 
 def _main(tmp_path, *extra):
-    """train.main on parsed arguments (in process: every failure here comes before a model loads)."""
-    from trl import ModelConfig, TrlParser
-
+    """train.py's entry point on these arguments (in process: every failure here comes before a model loads)."""
     sys.path.insert(0, str(ROOT))
     import train
-    from starpo_trl import StarPOConfig
-    from starpo_trl.models import TinyModelArguments
 
-    parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
     argv = [
         "--model_name_or_path",
         "tiny",
@@ -38,7 +33,7 @@ def _main(tmp_path, *extra):
         "none",
         *extra,
     ]
-    return train.main(*parser.parse_args_and_config(args=argv))
+    return train.cli(argv)
 
 
 @pytest.mark.parametrize(
