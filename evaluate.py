@@ -6,9 +6,12 @@
 Every episode setting (env and kwargs, seeds, temperature, turn / action / token budgets, think
 format, format penalty, reasoning shaping) defaults to what the model was trained with, read from
 ``starpo_rollout.json`` that training saves next to the model, and otherwise to ``StarPOConfig``'s
-own defaults; a flag overrides it. Plays ``num_episodes`` episodes from seeds
+own defaults; a flag overrides it. ``--env_id`` naming another env than the model's eval env takes
+no saved kwargs (the training env's, if it is that one): pass ``--env_kwargs`` for it. Plays ``num_episodes`` episodes from seeds
 ``[seed_offset, seed_offset + num_episodes)`` at ``temperature`` and prints a table; ``--output FILE``
-also writes the metrics, the model and every setting used as JSON. Exits with status 1 when an env
+also writes the metrics, the model and every setting used as JSON, ``--save_episodes FILE`` every
+episode as a line of JSON (env, seed, success, reward, turns, format errors, env error and the
+conversation as text: what the model actually wrote). Exits with status 1 when an env
 failed in some episode (the count is printed), 2 on a bad argument.
 """
 
@@ -48,7 +51,10 @@ def evaluate(
     temperature: float,
     config,
     batch_size: int = 256,
+    played: list | None = None,
 ) -> dict:
+    """The metrics of ``num_episodes`` episodes of one env; each finished episode is also appended to
+    ``played`` when given."""
     eos_ids = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = RolloutEngine(tokenizer, HFBackend(model, pad, eos_ids), config, eos_ids)
@@ -60,6 +66,8 @@ def evaluate(
             episodes += engine.run([StartState(env_id, s, kwargs) for s in seeds], temperature)
     finally:
         engine.close()
+    if played is not None:
+        played.extend(episodes)
     return {"env_id": env_id, "episodes": num_episodes, "temperature": temperature, **episode_metrics(episodes)}
 
 
@@ -120,7 +128,38 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=kind)
     p.add_argument("--batch_size", type=int, default=256, help="episodes per engine call")
     p.add_argument("--output", help="write the metrics and settings here as JSON")
+    p.add_argument("--save_episodes", help="write every episode here, one JSON object per line (JSON Lines)")
     return p
+
+
+def table(metrics: dict) -> str:
+    """The metrics as two aligned columns."""
+    width = max(len(k) for k in metrics)
+    return "\n".join(
+        f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in metrics.items()
+    )
+
+
+def save_episodes(path: str, played: dict[str, list]) -> None:
+    """Every episode, env by env, as JSON Lines (``episode_record``)."""
+    with open(path, "w") as f:
+        for name, episodes in played.items():
+            f.writelines(json.dumps(episode_record(name, ep)) + "\n" for ep in episodes)
+
+
+def episode_record(name: str, episode) -> dict:
+    """One line of ``--save_episodes``: what happened in an episode, and its conversation as text."""
+    return {
+        "env": name,
+        "env_id": episode.start.env_id,
+        "seed": episode.start.seed,
+        "success": bool(episode.success),
+        "reward": episode.reward,
+        "turns": episode.num_turns,
+        "format_errors": episode.num_format_errors,
+        "env_error": episode.env_error,
+        "messages": episode.messages,
+    }
 
 
 def resolve(a: argparse.Namespace) -> SimpleNamespace:
@@ -129,6 +168,11 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
     settings["eval_env_id"] = settings.get("eval_env_id") or settings.get("env_id")
     if settings.get("eval_env_kwargs") is None:
         settings["eval_env_kwargs"] = settings.get("env_kwargs") or {}
+    if a.env_id not in (None, settings["eval_env_id"]) and a.env_kwargs is None:
+        # another env than the model's eval env: the saved kwargs were that env's, not this one's
+        settings["eval_env_kwargs"] = (
+            dict(settings.get("env_kwargs") or {}) if a.env_id == settings.get("env_id") else {}
+        )
     for flag in vars(a):
         value = getattr(a, flag)
         if value is not None and (RENAMED.get(flag, flag) in settings):
@@ -167,14 +211,14 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
     for env_id, kwargs, _ in settings["eval_envs"]:
         check_env_id(env_id, "--env_id")
         check_env_contract(env_id, kwargs, "--env_id")
-    if a.output:
-        folder = os.path.dirname(os.path.abspath(a.output))
-        if (
+    for flag, path in (("--output", a.output), ("--save_episodes", a.save_episodes)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if path and (
             not os.path.isdir(folder)
             or not os.access(folder, os.W_OK)
-            or (os.path.exists(a.output) and not os.access(a.output, os.W_OK))
+            or (os.path.exists(path) and not os.access(path, os.W_OK))
         ):
-            raise ValueError(f"--output {a.output!r} cannot be written (its folder must exist and be writable).")
+            raise ValueError(f"{flag} {path!r} cannot be written (its folder must exist and be writable).")
     return SimpleNamespace(**settings, temperature=settings["eval_temperature"])
 
 
@@ -193,6 +237,7 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(a.model_name_or_path, dtype="auto")
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
+    played = {name: [] for _, _, name in s.eval_envs}
     per_env = {
         name: evaluate(
             model,
@@ -204,9 +249,12 @@ def main(argv=None) -> int:
             s.eval_temperature,
             rollout_config(s),
             a.batch_size,
+            played[name],
         )
         for env_id, kwargs, name in s.eval_envs
     }
+    if a.save_episodes:
+        save_episodes(a.save_episodes, played)
     settings = {name: getattr(s, name) for name in ROLLOUT_SETTINGS}
     if len(per_env) == 1:
         metrics = next(iter(per_env.values()))
@@ -216,12 +264,7 @@ def main(argv=None) -> int:
         metrics["env_errors"] = sum(m.get("env_errors", 0) for m in per_env.values())
         result = {"model": a.model_name_or_path, "per_env": per_env}
     result.update({"seed_offset": s.eval_seed_offset, "settings": settings})
-    width = max(len(k) for k in metrics)
-    print(
-        "\n".join(
-            f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in metrics.items()
-        )
-    )
+    print(table(metrics))
     if a.output:
         with open(a.output, "w") as f:
             json.dump(result, f, indent=2)

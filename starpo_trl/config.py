@@ -74,7 +74,9 @@ class StarPOConfig(GRPOConfig):
             With it set the trainer needs no dataset and no reward function.
         env_kwargs (`dict` or JSON `str`): kwargs for `gymnasium.make(env_id, ...)`.
         eval_env_id (`str` or `None`): env for held-out evaluation; defaults to `env_id`.
-        eval_env_kwargs (`dict` or JSON `str`): kwargs for the eval env; default `env_kwargs`.
+        eval_env_kwargs (`dict` or JSON `str`): kwargs for the eval env; default `env_kwargs` when the
+            eval env is the training env (`eval_env_id` unset or equal to `env_id`), else none: another
+            env's kwargs are not its own (a held-out variant must not get the training names).
         env_configs (`list` or JSON `str`, optional): several training envs in one run, instead of
             `env_id`: `[{"env_id": ..., "env_kwargs": {...}, "n_groups": k, "name": ...}, ...]`; each step
             holds `n_groups` start states of each (all set, adding up to `num_start_states`, or none:
@@ -241,7 +243,8 @@ class StarPOConfig(GRPOConfig):
     )
     eval_env_id: str | None = field(default=None, metadata={"help": "Env for held-out evaluation (default: env_id)."})
     eval_env_kwargs: dict | str | None = field(
-        default=None, metadata={"help": "Kwargs for the eval env (default: env_kwargs)."}
+        default=None,
+        metadata={"help": "Kwargs for the eval env (default: env_kwargs if it is the training env, else none)."},
     )
     env_configs: list | str | None = field(
         default=None, metadata={"help": "Several training envs: list of {env_id, env_kwargs, n_groups, name}."}
@@ -452,9 +455,10 @@ class StarPOConfig(GRPOConfig):
             self.env_id, self.env_kwargs = configs[0].env_id, configs[0].env_kwargs  # the first: the guard watches it
         self.env_kwargs = dict(self.env_kwargs or {})
         eval_given = self.eval_env_id is not None
-        self.eval_env_kwargs = (
-            dict(self.eval_env_kwargs) if self.eval_env_kwargs is not None else dict(self.env_kwargs)
-        )
+        if self.eval_env_kwargs is not None:
+            self.eval_env_kwargs = dict(self.eval_env_kwargs)
+        else:  # the training env's kwargs only for the training env itself
+            self.eval_env_kwargs = dict(self.env_kwargs) if self.eval_env_id in (None, self.env_id) else {}
         self.eval_env_id = self.eval_env_id or self.env_id
         if self.eval_env_configs is not None:
             self.eval_env_configs = [vars(c) for c in parse_env_configs(self.eval_env_configs, "eval_env_configs")]

@@ -88,6 +88,7 @@ def test_train_refuses_a_report_path_of_another_shape(tmp_path, monkeypatch):
         (["--env_kwargs", "[1, 2]"], "JSON object"),
         (["--env_kwargs", '{"no_such": 1}'], "takes no argument"),
         (["--output", "/no/such/dir/eval.json"], "cannot be written"),
+        (["--save_episodes", "/no/such/dir/episodes.jsonl"], "--save_episodes '/no/such/dir/episodes.jsonl' cannot"),
         (["--temperature", "-1"], ">= 0"),
     ],
 )
@@ -204,6 +205,32 @@ def test_evaluate_exits_non_zero_when_envs_fail(tmp_path):
     )
     assert res.returncode == 1 and "the env failed in 3 of 3 episodes" in res.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["env_errors"] == 3
+
+
+def test_evaluate_saves_every_episode_as_json_lines(tmp_path, capsys):
+    """--save_episodes: one line per episode, consistent with the printed metrics, with the conversation."""
+    import evaluate
+    from starpo_trl.tiny import save_tiny
+
+    path = save_tiny(str(tmp_path / "model"), hidden_size=32, num_layers=1)
+    lines_file, metrics_file = tmp_path / "episodes.jsonl", tmp_path / "eval.json"
+    code = evaluate.main(
+        ["--model_name_or_path", path, "--env_id", "starpo/Bandit-v0", "--num_episodes", "3", "--seed_offset", "50"]
+        + ["--max_turns", "2", "--max_tokens_per_turn", "6", "--batch_size", "2"]
+        + ["--output", str(metrics_file), "--save_episodes", str(lines_file)]
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in lines_file.read_text().splitlines()]
+    metrics = json.loads(metrics_file.read_text())
+    assert [r["seed"] for r in rows] == [50, 51, 52]  # two engine calls (batch_size 2), in seed order
+    assert {r["env"] for r in rows} == {"Bandit-v0"} and {r["env_id"] for r in rows} == {"starpo/Bandit-v0"}
+    assert sum(r["success"] for r in rows) / 3 == pytest.approx(metrics["success"])
+    assert sum(r["turns"] for r in rows) / 3 == pytest.approx(metrics["turns"])
+    assert sum(r["reward"] for r in rows) / 3 == pytest.approx(metrics["reward_mean"])
+    for r in rows:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles.count("assistant") == r["turns"] and r["env_error"] is None
+        assert "two-armed bandit" in next(m["content"] for m in r["messages"] if m["role"] == "user")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Several envs in one run (env_configs / eval_env_configs): parsing, the split of a step's groups,
 per-env metrics, and one held-out block per eval env."""
 
+import json
 import pathlib
 
 import pytest
@@ -72,6 +73,44 @@ def test_config_checks_env_configs(tmp_path):
     assert args.fixed_kept_groups() == 2
     one_eval = make_args(tmp_path, env_id=None, env_configs=[BANDIT, LAKE], eval_env_id="starpo/BanditTest-v0")
     assert [c.env_id for c in one_eval.eval_envs()] == ["starpo/BanditTest-v0"]
+
+
+def test_eval_env_takes_the_training_kwargs_only_when_it_is_the_training_env(tmp_path):
+    pairs = {"arm_names": [["Lion", "Eagle"], ["Wolf", "Owl"]]}
+    assert make_args(tmp_path, env_kwargs=pairs).eval_env_kwargs == pairs  # no eval env: the training env
+    assert make_args(tmp_path, env_kwargs=pairs, eval_env_id="starpo/Bandit-v0").eval_env_kwargs == pairs
+    # a held-out variant must not be played with the training names
+    held_out = make_args(tmp_path, env_kwargs=pairs, eval_env_id="starpo/BanditTest-v0")
+    assert held_out.eval_env_kwargs == {} and held_out.eval_envs()[0].env_kwargs == {}
+    given = make_args(tmp_path, env_kwargs=pairs, eval_env_id="starpo/BanditTest-v0", eval_env_kwargs={"max_steps": 3})
+    assert given.eval_env_kwargs == {"max_steps": 3}
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], ("starpo/BanditTest-v0", {"max_steps": 4})),  # the model's eval env, its saved kwargs
+        (["--env_id", "starpo/Bandit-v0"], ("starpo/Bandit-v0", {"arm_names": [["Lion", "Eagle"]]})),  # training env
+        (["--env_id", "starpo/FrozenLake-v0"], ("starpo/FrozenLake-v0", {})),  # another env: none of them
+        (["--env_id", "starpo/FrozenLake-v0", "--env_kwargs", '{"size": 3}'], ("starpo/FrozenLake-v0", {"size": 3})),
+    ],
+)
+def test_evaluate_gives_another_env_none_of_the_saved_kwargs(tmp_path, flags, expected):
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import evaluate
+
+    saved = {
+        "env_id": "starpo/Bandit-v0",
+        "env_kwargs": {"arm_names": [["Lion", "Eagle"]]},
+        "eval_env_id": "starpo/BanditTest-v0",
+        "eval_env_kwargs": {"max_steps": 4},
+    }
+    (tmp_path / "starpo_rollout.json").write_text(json.dumps(saved))
+    settings = evaluate.resolve(evaluate.parser().parse_args(["--model_name_or_path", str(tmp_path), *flags]))
+    env_id, kwargs, _ = settings.eval_envs[0]
+    assert (env_id, kwargs) == expected
 
 
 def test_one_run_trains_on_two_envs_and_evaluates_each(tmp_path, tiny_tokenizer, fresh_model):
