@@ -6,13 +6,14 @@
 Every episode setting (env and kwargs, seeds, temperature, turn / action / token budgets, think
 format, format penalty, reasoning shaping) defaults to what the model was trained with, read from
 ``starpo_rollout.json`` that training saves next to the model, and otherwise to ``StarPOConfig``'s
-own defaults; a flag overrides it. ``--env_id`` naming another env than the model's eval env takes
-no saved kwargs (the training env's, if it is that one): pass ``--env_kwargs`` for it. Plays ``num_episodes`` episodes from seeds
-``[seed_offset, seed_offset + num_episodes)`` at ``temperature`` and prints a table; ``--output FILE``
-also writes the metrics, the model and every setting used as JSON, ``--save_episodes FILE`` every
-episode as a line of JSON (env, seed, success, reward, turns, format errors, env error and the
-conversation as text: what the model actually wrote). Exits with status 1 when an env
-failed in some episode (the count is printed), 2 on a bad argument.
+own defaults; a flag overrides it. ``--env_id`` naming another env than the model's eval env
+takes no saved kwargs (the training env's, if it is that one): pass ``--env_kwargs`` for it.
+Plays ``num_episodes`` episodes from seeds ``[seed_offset, seed_offset + num_episodes)`` at
+``temperature`` and prints a table; ``--output FILE`` also writes the metrics, the model and every
+setting used as JSON, ``--save_episodes FILE`` every episode as a line of JSON (env, seed, success,
+reward, turns, format errors, env error and the conversation as text: what the model actually
+wrote). Exits with status 1 when an env failed in some episode (the count is printed), 2 on a bad
+argument.
 """
 
 from __future__ import annotations
