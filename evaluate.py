@@ -27,7 +27,13 @@ from types import SimpleNamespace
 
 import torch
 
-from starpo_trl.config import EPISODE_BUDGETS, ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig
+from starpo_trl.config import (
+    EPISODE_BUDGETS,
+    ROLLOUT_SETTINGS,
+    ROLLOUT_SETTINGS_FILE,
+    StarPOConfig,
+    default_eval_kwargs,
+)
 from starpo_trl.models import eos_token_ids
 from starpo_trl.monitoring.metrics import episode_metrics
 from starpo_trl.rollout import HFBackend, RolloutEngine, StartState
@@ -167,13 +173,10 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
     """Flag > the model's saved settings > StarPOConfig's defaults; then checked before any model loads."""
     settings = {**defaults(), **saved_settings(a.model_name_or_path)}
     settings["eval_env_id"] = settings.get("eval_env_id") or settings.get("env_id")
-    if settings.get("eval_env_kwargs") is None:
-        settings["eval_env_kwargs"] = settings.get("env_kwargs") or {}
-    if a.env_id not in (None, settings["eval_env_id"]) and a.env_kwargs is None:
-        # another env than the model's eval env: the saved kwargs were that env's, not this one's
-        settings["eval_env_kwargs"] = (
-            dict(settings.get("env_kwargs") or {}) if a.env_id == settings.get("env_id") else {}
-        )
+    target = a.env_id or settings["eval_env_id"]
+    if settings.get("eval_env_kwargs") is None or target != settings["eval_env_id"]:
+        # none saved, or another env than the model's eval env: the saved kwargs were that env's
+        settings["eval_env_kwargs"] = default_eval_kwargs(settings.get("env_id"), settings.get("env_kwargs"), target)
     for flag in vars(a):
         value = getattr(a, flag)
         if value is not None and (RENAMED.get(flag, flag) in settings):

@@ -457,8 +457,8 @@ class StarPOConfig(GRPOConfig):
         eval_given = self.eval_env_id is not None
         if self.eval_env_kwargs is not None:
             self.eval_env_kwargs = dict(self.eval_env_kwargs)
-        else:  # the training env's kwargs only for the training env itself
-            self.eval_env_kwargs = dict(self.env_kwargs) if self.eval_env_id in (None, self.env_id) else {}
+        else:
+            self.eval_env_kwargs = default_eval_kwargs(self.env_id, self.env_kwargs, self.eval_env_id)
         self.eval_env_id = self.eval_env_id or self.env_id
         if self.eval_env_configs is not None:
             self.eval_env_configs = [vars(c) for c in parse_env_configs(self.eval_env_configs, "eval_env_configs")]
@@ -792,6 +792,13 @@ class RunArguments:
             "help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."
         },
     )
+
+
+def default_eval_kwargs(env_id: str | None, env_kwargs: dict | None, eval_env_id: str | None) -> dict:
+    """The kwargs of an eval env given none: the training env's own when it is the training env
+    (``eval_env_id`` unset or equal to ``env_id``), else none, so that a held-out variant (e.g.
+    BanditTest-v0 after Bandit-v0) is not played with kwargs meant for another env."""
+    return dict(env_kwargs or {}) if eval_env_id in (None, env_id) else {}
 
 
 def rollout_config(args) -> RolloutConfig:

@@ -113,6 +113,22 @@ def test_evaluate_gives_another_env_none_of_the_saved_kwargs(tmp_path, flags, ex
     assert (env_id, kwargs) == expected
 
 
+def test_evaluate_without_saved_eval_kwargs_follows_the_config_rule(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import evaluate
+
+    pairs = {"arm_names": [["Lion", "Eagle"]]}
+    for eval_env_id, expected in (("starpo/Bandit-v0", pairs), ("starpo/BanditTest-v0", {})):
+        saved = {"env_id": "starpo/Bandit-v0", "env_kwargs": pairs, "eval_env_id": eval_env_id}
+        (tmp_path / "starpo_rollout.json").write_text(json.dumps(saved))
+        settings = evaluate.resolve(evaluate.parser().parse_args(["--model_name_or_path", str(tmp_path)]))
+        assert settings.eval_envs[0][:2] == (eval_env_id, expected)
+        config = make_args(tmp_path, env_kwargs=pairs, eval_env_id=eval_env_id)
+        assert config.eval_env_kwargs == expected  # one rule for the trainer and evaluate.py
+
+
 def test_one_run_trains_on_two_envs_and_evaluates_each(tmp_path, tiny_tokenizer, fresh_model):
     args = make_args(
         tmp_path,
