@@ -6,7 +6,13 @@ from __future__ import annotations
 import functools
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers.cache_utils import DynamicLayer
+
+# transformers 5.24 renamed ``past_key_values`` to ``cache``, as a ``generate`` / forward argument and
+# as a field of their outputs; before it, ``generate(cache=...)`` is refused as an unused argument
+CACHE_KEY = "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
 
 
 def sampling_config(max_new_tokens: int, temperature: float, eos_token_ids: list[int], pad_token_id: int):
@@ -121,7 +127,7 @@ class HFBackend:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
-                cache=past,
+                **{CACHE_KEY: past},
                 generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
                 logits_processor=LogitsProcessorList([record]),
             )
@@ -137,7 +143,7 @@ class HFBackend:
             end = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
             results.append((row[:end], lp[:end]))
         if self.reuse_cache:
-            self._keep(sequences, cached, suffixes, lc, ls, results, out.past_key_values)
+            self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY])
         return results
 
     def _sampling_cache(self, kept, cached, capacity, device):
@@ -195,7 +201,7 @@ class HFBackend:
         if was_training:
             self.model.train()
         self.prefill_tokens += sum(len(seq) - 1 for seq in shared)
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        layers = [(layer.keys, layer.values) for layer in out[CACHE_KEY].layers]
         kept = list(kept)
         for r, seq in enumerate(shared):
             start = width - len(seq) + 1

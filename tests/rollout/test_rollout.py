@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from starpo_trl.rollout import ChatFormat, HFBackend, RolloutConfig, RolloutEngine, StartState
+from starpo_trl.rollout.hf_backend import CACHE_KEY
 from starpo_trl.rollout.prompting import parse_reply
 
 TEMPLATES = pathlib.Path(trl.__file__).parent / "chat_templates"
@@ -341,9 +342,9 @@ def test_kv_reuse_holds_the_cache_once(tiny_tokenizer, tiny_model, monkeypatch):
     real = tiny_model.generate
 
     def spy(*args, **kwargs):
-        seen.append((len(backend._kept), kwargs.get("cache") is not None))
+        seen.append((len(backend._kept), kwargs.get(CACHE_KEY) is not None))
         out = real(*args, **kwargs)
-        caches.append(out.past_key_values)
+        caches.append(out[CACHE_KEY])
         return out
 
     monkeypatch.setattr(tiny_model, "generate", spy)
@@ -450,3 +451,10 @@ def test_the_backend_is_given_per_run_and_timings_come_back_with_the_episodes(ti
     assert first[0].num_format_errors == 0 and second[0].num_format_errors == 1
     assert first.timings is not second.timings
     assert not hasattr(eng, "timings") and not hasattr(eng, "progress")
+
+
+def test_the_cache_argument_name_is_the_installed_transformers_one():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; the pinned range spans both."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    assert CACHE_KEY in CausalLMOutputWithPast.__dataclass_fields__
