@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
+.PHONY: install model train test test-floors lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,10 @@ train: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 tests
+
+# the core tests again on the oldest versions pyproject.toml allows (transformers, trl, peft, accelerate, datasets)
+test-floors: $(STAMP)
+	$(PY) scripts/oldest_versions.py
 
 # ruff (lint + format check, line length 119 as TRL); `make format` rewrites
 lint: $(STAMP)
