@@ -216,8 +216,10 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
         check_env_id(env_id, "--env_id")
         check_env_contract(env_id, kwargs, "--env_id")
     for flag, path in (("--output", a.output), ("--save_episodes", a.save_episodes)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if path and (
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if (
             not os.path.isdir(folder)
             or not os.access(folder, os.W_OK)
             or (os.path.exists(path) and not os.access(path, os.W_OK))

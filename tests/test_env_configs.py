@@ -2,7 +2,6 @@
 per-env metrics, and one held-out block per eval env."""
 
 import json
-import pathlib
 
 import pytest
 from helpers import make_args
@@ -96,10 +95,7 @@ def test_eval_env_takes_the_training_kwargs_only_when_it_is_the_training_env(tmp
     ],
 )
 def test_evaluate_gives_another_env_none_of_the_saved_kwargs(tmp_path, flags, expected):
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    import evaluate
+    import evaluate  # the repository root is on sys.path (conftest.py)
 
     saved = {
         "env_id": "starpo/Bandit-v0",
@@ -114,10 +110,7 @@ def test_evaluate_gives_another_env_none_of_the_saved_kwargs(tmp_path, flags, ex
 
 
 def test_evaluate_without_saved_eval_kwargs_follows_the_config_rule(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    import evaluate
+    import evaluate  # the repository root is on sys.path (conftest.py)
 
     pairs = {"arm_names": [["Lion", "Eagle"]]}
     for eval_env_id, expected in (("starpo/Bandit-v0", pairs), ("starpo/BanditTest-v0", {})):
@@ -160,11 +153,7 @@ def test_one_run_trains_on_two_envs_and_evaluates_each(tmp_path, tiny_tokenizer,
     assert metrics["Lake/success"] == sum(ep.success for ep in lake) / 4
     assert metrics["success"] == sum(ep.success for ep in trainer.last_eval_episodes) / 8
     # evaluate.py on the saved model plays the same held-out envs (from starpo_rollout.json): same numbers
-    import json
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    import evaluate
+    import evaluate  # the repository root is on sys.path (conftest.py)
 
     trainer.save_model(str(tmp_path / "model"))
     tiny_tokenizer.save_pretrained(str(tmp_path / "model"))
