@@ -775,6 +775,12 @@ class RunArguments:
         default=0.3, metadata={"help": "Probability that the expert's action is replaced by a random one."}
     )
     warm_start_actions_per_turn: int = field(default=1, metadata={"help": "Actions the expert writes per turn."})
+    warm_start_space_before_answer: bool = field(
+        default=False,
+        metadata={
+            "help": "The expert writes '<answer> X</answer>': with BPE tokenizers ' X' is usually the one token the prompt shows X as (e.g. SmolLM2's ' Crane'; 'Crane' is 'Cr' + 'ane')."
+        },
+    )
     warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
     warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
     warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})

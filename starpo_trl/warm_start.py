@@ -24,8 +24,13 @@ from starpo_trl.rollout.env_runner import LocalEnv
 from starpo_trl.rollout.prompting import ACTION_SEPARATOR, SYSTEM_PROMPT
 
 
-def expert_reply(actions: list[str], enable_think: bool) -> str:
+def expert_reply(actions: list[str], enable_think: bool, space_before_answer: bool = False) -> str:
+    """The expert's reply. ``space_before_answer`` writes ``<answer> X</answer>``: with a BPE tokenizer
+    a word after a space is usually the one token the prompt shows it as (SmolLM2: `` Crane``), where
+    ``<answer>Crane`` must spell it (``Cr`` + ``ane``). The parser strips the space either way."""
     answer = f" {ACTION_SEPARATOR} ".join(actions)
+    if space_before_answer:
+        answer = " " + answer
     if not enable_think:
         return f"<answer>{answer}</answer>"
     return f"<think>The best action is {actions[0]}.</think><answer>{answer}</answer>"
@@ -48,9 +53,11 @@ class ExpertBackend:
         actions_per_turn: int,
         cfg: RolloutConfig,
         rng: np.random.Generator,
+        space_before_answer: bool = False,
     ):
         self.tokenizer, self.turn_end_id, self.noise = tokenizer, turn_end_id, noise
         self.actions_per_turn, self.cfg, self.rng = actions_per_turn, cfg, rng
+        self.space_before_answer = space_before_answer
 
     def _actions(self, env, actions_left: int) -> list[str]:
         env = env.env if isinstance(env, LocalEnv) else env  # the Gymnasium env itself (the runner is inline)
@@ -69,7 +76,7 @@ class ExpertBackend:
     def generate(self, sequences, max_new_tokens, temperature, turns=None):
         out = []
         for env, actions_left in turns:
-            text = expert_reply(self._actions(env, actions_left), self.cfg.enable_think)
+            text = expert_reply(self._actions(env, actions_left), self.cfg.enable_think, self.space_before_answer)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.turn_end_id]
             out.append((ids, [0.0] * len(ids)))
         return out
@@ -86,14 +93,22 @@ def demonstrations(
     actions_per_turn: int = 1,
     seed: int = 0,
     system_prompt: str | None = SYSTEM_PROMPT,
+    space_before_answer: bool = False,
 ) -> Dataset:
     """Noisy-expert episodes from ``seeds``, played by the engine: one row each with ``messages``,
     ``reward``, ``success``, and the tokens ``input_ids`` / ``assistant_masks`` (1 on the expert's
-    reply tokens and their end-of-turn token) that the warm start trains on."""
+    reply tokens and their end-of-turn token) that the warm start trains on. ``space_before_answer``:
+    see `expert_reply`."""
     cfg = dataclasses.replace(cfg, env_runner="inline", env_step_timeout=None)  # the expert plans on the env objects
     engine = RolloutEngine(tokenizer, None, cfg, eos_token_ids, system_prompt)
     backend = ExpertBackend(
-        tokenizer, engine.chat.turn_end_id, noise, actions_per_turn, cfg, np.random.default_rng(seed)
+        tokenizer,
+        engine.chat.turn_end_id,
+        noise,
+        actions_per_turn,
+        cfg,
+        np.random.default_rng(seed),
+        space_before_answer,
     )
     kwargs = tuple(sorted(env_kwargs.items()))
     try:
@@ -185,6 +200,7 @@ def warm_start_from_config(model, tokenizer, run_args, args, output_dir: str | N
                 rollout_config(args),
                 run_args.warm_start_actions_per_turn,
                 seed=args.seed + i,
+                space_before_answer=run_args.warm_start_space_before_answer,
             )
             for i, (env, count) in enumerate(zip(envs, counts))
             if count

@@ -140,3 +140,28 @@ def test_warm_start_tokens_on_the_real_template_are_the_engine_tokens(smollm2):
     assert demo["assistant_masks"] == [0] * len(ep.prompt_ids) + ep.env_mask
     masked = [t for t, m in zip(demo["input_ids"], demo["assistant_masks"]) if m]
     assert tokenizer.decode(masked) == "".join(r + "<|im_end|>" for r in replies)
+
+
+@pytest.mark.parametrize("space", [False, True])
+def test_warm_start_space_before_answer_writes_the_arm_as_the_prompt_token(smollm2, space):
+    """With ``space_before_answer`` the expert's answer is the very token the prompt names the arm with
+    (SmolLM2: `` Crane``); without it the name is spelled from pieces (``Cr`` + ``ane``). Both parse to
+    the arm."""
+    from starpo_trl.rollout.prompting import parse_reply
+    from starpo_trl.warm_start import demonstrations
+
+    _, tokenizer, model = smollm2
+    eos = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
+    cfg = RolloutConfig(max_turns=1, enable_think=False)
+    kwargs = {"arm_names": [["Tiger", "Crane"]]}
+    demos = demonstrations(tokenizer, eos, "starpo/Bandit-v0", kwargs, range(8), 1.0, cfg, space_before_answer=space)
+    names = {tokenizer.convert_tokens_to_ids(tokenizer.tokenize(" " + n)[0]) for n in ("Tiger", "Crane")}
+    assert all(len(tokenizer.tokenize(" " + n)) == 1 for n in ("Tiger", "Crane"))
+    for demo in demos:
+        (reply,) = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+        assert reply.startswith("<answer> ") == space
+        assert parse_reply(reply, enable_think=False).actions[0] in ("Tiger", "Crane")
+        prompt = [t for t, m in zip(demo["input_ids"], demo["assistant_masks"]) if not m]
+        answer = [t for t, m in zip(demo["input_ids"], demo["assistant_masks"]) if m]
+        assert names <= set(prompt)  # the prompt names both arms with these tokens
+        assert len(names & set(answer)) == (1 if space else 0)
