@@ -48,7 +48,7 @@ RENAMED = {
 }
 
 
-def evaluate(
+def play(
     model,
     tokenizer,
     env_id: str,
@@ -58,10 +58,8 @@ def evaluate(
     temperature: float,
     config,
     batch_size: int = 256,
-    played: list | None = None,
-) -> dict:
-    """The metrics of ``num_episodes`` episodes of one env; each finished episode is also appended to
-    ``played`` when given."""
+) -> list:
+    """``num_episodes`` episodes of one env, seeds ``seed_offset`` on, ``batch_size`` per engine call."""
     eos_ids = eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = RolloutEngine(tokenizer, HFBackend(model, pad, eos_ids), config, eos_ids)
@@ -73,9 +71,12 @@ def evaluate(
             episodes += engine.run([StartState(env_id, s, kwargs) for s in seeds], temperature)
     finally:
         engine.close()
-    if played is not None:
-        played.extend(episodes)
-    return {"env_id": env_id, "episodes": num_episodes, "temperature": temperature, **episode_metrics(episodes)}
+    return episodes
+
+
+def summary(env_id: str, temperature: float, episodes: list) -> dict:
+    """One env's row: its episodes' metrics."""
+    return {"env_id": env_id, "episodes": len(episodes), "temperature": temperature, **episode_metrics(episodes)}
 
 
 def defaults() -> dict:
@@ -243,9 +244,8 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(a.model_name_or_path, dtype="auto")
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    played = {name: [] for _, _, name in s.eval_envs}
-    per_env = {
-        name: evaluate(
+    played = {
+        name: play(
             model,
             tokenizer,
             env_id,
@@ -255,10 +255,10 @@ def main(argv=None) -> int:
             s.eval_temperature,
             rollout_config(s),
             a.batch_size,
-            played[name],
         )
         for env_id, kwargs, name in s.eval_envs
     }
+    per_env = {name: summary(env_id, s.eval_temperature, played[name]) for env_id, _, name in s.eval_envs}
     if a.save_episodes:
         save_episodes(a.save_episodes, played)
     settings = {name: getattr(s, name) for name in ROLLOUT_SETTINGS}
