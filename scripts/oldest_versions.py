@@ -21,14 +21,15 @@ from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGET = ROOT / ".floors"
-# the libraries whose APIs the trainer, rollouts and LoRA path call
-LIBRARIES = ("transformers", "trl", "peft", "accelerate", "datasets")
+# the libraries whose APIs the trainer, rollouts, LoRA path and envs call
+LIBRARIES = ("transformers", "trl", "peft", "accelerate", "datasets", "gymnasium")
 TESTS = (
     "tests/test_trainer.py",
     "tests/test_peft.py",
     "tests/test_trl_private.py",
     "tests/rollout/test_rollout.py",
     "tests/rollout/test_real_model.py",
+    "tests/envs/test_envs.py",
 )
 
 

@@ -12,7 +12,7 @@ def test_the_floors_are_the_lower_bounds_of_the_pinned_ranges(tmp_path):
     pyproject.write_text(
         "[project]\ndependencies = [\n"
         '    "torch>=2.6,<2.15",\n    "trl>=1.16,<2",\n    "transformers<6,>=5.20",\n'
-        '    "accelerate>=1.10,<2",\n    "peft>=0.18,<1",\n    "datasets>=4,<6",\n]\n'
+        '    "accelerate>=1.10,<2",\n    "peft>=0.18,<1",\n    "datasets>=4,<6",\n    "gymnasium>=1.3,<2",\n]\n'
         '[project.optional-dependencies]\ntest = ["peft>=0.1"]\n'
     )
     assert floors_script.floors(pyproject) == {
@@ -21,6 +21,7 @@ def test_the_floors_are_the_lower_bounds_of_the_pinned_ranges(tmp_path):
         "accelerate": "1.10",
         "peft": "0.18",
         "datasets": "4",
+        "gymnasium": "1.3",
     }
 
 
