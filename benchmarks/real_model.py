@@ -117,6 +117,19 @@ def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64)
     return base
 
 
+def flag_settings(flags: list[str]) -> dict:
+    """``--name value`` pairs of train.py flags as settings (values read as YAML, as in a recipe), so an
+    entry describes the run that was made: ``--use_peft false`` over a LoRA recipe is not LoRA."""
+    out, i = {}, 0
+    while i < len(flags):
+        if flags[i].startswith("--") and i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            out[flags[i][2:]] = yaml.safe_load(flags[i + 1])
+            i += 2
+        else:
+            i += 1
+    return out
+
+
 def record(
     recipe: str,
     run_dir: str,
@@ -134,7 +147,7 @@ def record(
     from starpo_trl.monitoring.plotting import plot_curves
 
     flags = list(flags or [])
-    config = yaml.safe_load(pathlib.Path(recipe).read_text())
+    config = {**yaml.safe_load(pathlib.Path(recipe).read_text()), **flag_settings(flags)}
     out = json.loads((pathlib.Path(run_dir) / "report.json").read_text())
     history = out["log_history"]
     steps = [row["step_time"] for row in history if "step_time" in row]

@@ -58,14 +58,19 @@ def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
     assert (tmp_path / "real-smollm2-cpu-x.png").read_bytes()[:4] == b"\x89PNG"
     stored = json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"]
     assert stored == [entry]
-    real_model.record(str(recipe), str(run))  # the same recipe again replaces its entry
-    assert len(json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"]) == 1
+    # flags override the recipe's settings in the entry
+    flagged = real_model.record(str(recipe), str(run), flags=["--use_peft", "false", "--warm_start_episodes", "0"])
+    assert (flagged["lora"], flagged["start"], flagged["warm_start"]) == (False, "base", None)
+    assert flagged["flags"] == "--use_peft false --warm_start_episodes 0"
+    real_model.record(str(recipe), str(run))  # the same recipe and flags again replace their entry
+    assert len(json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"]) == 2
     table = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| `recipes/smollm2-cpu-x.yaml` | `starpo/Bandit-v0` | `starpo/BanditTest-v0` | sft" in table
     assert "0.500 -> 0.875 | 0.125 -> 0.000 | 3 | 30.0 |" in table
     assert "- `recipes/smollm2-cpu-x.yaml`:" not in table  # no note, no line
     real_model.record(str(recipe), str(run), note="another job shared the CPU in steps 1-2")
-    assert json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"][0]["note"].startswith("another")
+    (noted,) = [r for r in json.loads((tmp_path / "results.json").read_text())["real_model"]["runs"] if not r["flags"]]
+    assert noted["note"].startswith("another")
     assert (
         "- `recipes/smollm2-cpu-x.yaml`: another job shared the CPU in steps 1-2"
         in (tmp_path / "BENCHMARKS.md").read_text()
