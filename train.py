@@ -290,14 +290,19 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     return result
 
 
+def parser() -> TrlParser:
+    """train.py's flags and recipe keys: ``parser().parse_args_and_config(args=["--config", RECIPE, *FLAGS])``
+    gives the settings a run is made with."""
+    return TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+
+
 def cli(argv: list[str] | None = None) -> dict:
     """The script: parse the flags and the recipe, train, then end the process group of a multi-process run (only
     after a run that finished: a rank that raised must not wait on the others). Left alive at interpreter exit,
     gloo's worker threads can abort the process ("terminate called without an active exception")."""
     import torch.distributed as dist
 
-    parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
-    result = main(*parser.parse_args_and_config(args=argv))
+    result = main(*parser().parse_args_and_config(args=argv))
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     return result

@@ -62,14 +62,11 @@ OUT = ROOT / "runs" / "bench-learning"
 
 def parse(recipe: str, **overrides):
     import yaml
-    from trl import ModelConfig, TrlParser
 
-    from starpo_trl import StarPOConfig
-    from starpo_trl.config import RunArguments
-    from starpo_trl.models import TinyModelArguments
+    import train
 
     config = {**yaml.safe_load((ROOT / "recipes" / recipe).read_text()), **overrides}
-    return TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments)).parse_dict(config)
+    return train.parser().parse_dict(config)
 
 
 def collapse_step(log_history, key) -> int | None:

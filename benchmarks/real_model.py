@@ -117,19 +117,6 @@ def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64)
     return base
 
 
-def flag_settings(flags: list[str]) -> dict:
-    """``--name value`` pairs of train.py flags as settings (values read as YAML, as in a recipe), so an
-    entry describes the run that was made: ``--use_peft false`` over a LoRA recipe is not LoRA."""
-    out, i = {}, 0
-    while i < len(flags):
-        if flags[i].startswith("--") and i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            out[flags[i][2:]] = yaml.safe_load(flags[i + 1])
-            i += 2
-        else:
-            i += 1
-    return out
-
-
 def record(
     recipe: str,
     run_dir: str,
@@ -143,19 +130,21 @@ def record(
     ``note``: what the numbers alone do not say (e.g. another job shared the CPU), printed under the table."""
     import report
 
+    import train
     from envs.contract import env_name
     from starpo_trl.monitoring.plotting import plot_curves
 
     flags = list(flags or [])
-    config = {**yaml.safe_load(pathlib.Path(recipe).read_text()), **flag_settings(flags)}
+    # the settings the run was made with: train.py's own parser over the recipe and the flags
+    run_args, args, model_args, _ = train.parser().parse_args_and_config(args=["--config", recipe, *flags])
     out = json.loads((pathlib.Path(run_dir) / "report.json").read_text())
     history = out["log_history"]
     steps = [row["step_time"] for row in history if "step_time" in row]
     name = pathlib.Path(recipe).stem
     slug = "".join(c if c.isalnum() else "-" for c in " ".join(flags).lstrip("-")).strip("-")
     png = HERE / f"real-{name}{'-' + slug if slug else ''}.png"
-    plot_curves(history, env_name(config["env_id"]), str(png), title=f"{name} {' '.join(flags)}".strip())
-    warm = config.get("warm_start_episodes", 0)
+    plot_curves(history, env_name(args.env_id), str(png), title=f"{name} {' '.join(flags)}".strip())
+    warm, noise = run_args.warm_start_episodes, run_args.warm_start_noise
     before, after = out["before"] or {}, out["after"]
     names = [k[: -len("/success")] for k in after if k.endswith("/success")]
     per_env = {
@@ -171,16 +160,15 @@ def record(
     run = {
         "recipe": f"recipes/{pathlib.Path(recipe).name}",
         "flags": " ".join(flags),
-        "env_id": config["env_id"],
+        "env_id": args.env_id,
         "eval_env_id": out["env_id"],
         "start": "sft" if warm else "base",
         "warm_start": (
-            f"{warm} demonstrations, noise {config.get('warm_start_noise', 0.3)}"
-            + (" (format only: random actions)" if config.get("warm_start_noise") == 1.0 else "")
+            f"{warm} demonstrations, noise {noise}" + (" (format only: random actions)" if noise == 1.0 else "")
         )
         if warm
         else None,
-        "lora": bool(config.get("use_peft")),
+        "lora": bool(model_args.use_peft),
         "success_before": primary.get("success_before", out["success_before"]),
         "success_after": primary.get("success_after", out["success_after"]),
         "format_error_before": primary.get("format_error_before", before.get("format_error_rate")),
