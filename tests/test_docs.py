@@ -63,12 +63,8 @@ def commands(code: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("code", list(blocks("bash")))
 def test_shell_snippets_name_what_exists(code):
-    from trl import ModelConfig, TrlParser
-
     import evaluate
-    from starpo_trl import StarPOConfig
-    from starpo_trl.config import RunArguments
-    from starpo_trl.models import TinyModelArguments
+    import train
 
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
     for words in commands(code):
@@ -80,8 +76,7 @@ def test_shell_snippets_name_what_exists(code):
             argv = words[words.index("train.py") + 1 :]
             recipe = argv[argv.index("--config") + 1]
             assert (ROOT / recipe).is_file(), recipe
-            parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
-            known = {a.dest for a in parser._actions}
+            known = {a.dest for a in train.parser()._actions}
             assert all(a.lstrip("-") in known for a in argv[::2] if a.startswith("--") and a != "--config"), argv
         if "evaluate.py" in words:
             evaluate.parser().parse_args(words[words.index("evaluate.py") + 1 :])

@@ -58,18 +58,13 @@ def test_noisy_demonstrations_are_worse_than_clean_ones(tiny_tokenizer):
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
 def test_recipes_parse(recipe):
-    from trl import ModelConfig, TrlParser
-
-    from starpo_trl import StarPOConfig
-    from starpo_trl.config import RunArguments
-    from starpo_trl.models import TinyModelArguments
+    import train
 
     config = yaml.safe_load(recipe.read_text())
     config.pop("bf16", None)  # recipes for GPUs ask for bf16 or fp16, which this CPU cannot check
     config.pop("fp16", None)
     config.pop("use_cpu", None)
-    parser = TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
-    run_args, args, model_args, _ = parser.parse_dict(config)
+    run_args, args, model_args, _ = train.parser().parse_dict(config)
     first = config["env_id"] if "env_id" in config else config["env_configs"][0]["env_id"]  # several envs: the first
     assert args.env_id == first and model_args.model_name_or_path == config["model_name_or_path"]
 
@@ -180,13 +175,9 @@ def test_colab_notebook_is_valid_and_installs_like_the_readme():
 def test_warm_start_under_deepspeed_or_lora_under_fsdp_fails_before_the_model_loads(
     tmp_path, monkeypatch, env, extra, message
 ):
-    from trl import ModelConfig, TrlParser
-
     import train
-    from starpo_trl import StarPOConfig
-    from starpo_trl.models import TinyModelArguments
 
-    parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    parser = train.parser()
     config = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
     run_args, args, model_args, tiny_args = parser.parse_dict({**config, "output_dir": str(tmp_path), **extra})
     assert run_args.warm_start_episodes > 0
@@ -198,13 +189,9 @@ def test_warm_start_under_deepspeed_or_lora_under_fsdp_fails_before_the_model_lo
 
 
 def test_report_path_may_not_be_the_runs_own_report(tmp_path, monkeypatch):
-    from trl import ModelConfig, TrlParser
-
     import train
-    from starpo_trl import StarPOConfig
-    from starpo_trl.models import TinyModelArguments
 
-    parser = TrlParser((train.RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    parser = train.parser()
     config = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
     parsed = parser.parse_dict({**config, "output_dir": str(tmp_path), "report_path": str(tmp_path / "report.json")})
     monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
