@@ -378,6 +378,7 @@ def write(results: dict) -> None:
                             f"| {fmt(e['format_error_before'])} -> {fmt(e['format_error_after'])} |"
                         )
                 lines.append("")
+        lines += real_model_reading_lines(r)
     if "whitening" in results:
         r = results["whitening"]
         lines += [
@@ -419,6 +420,27 @@ def write(results: dict) -> None:
             "",
         ]
     MARKDOWN.write_text("\n".join(lines))
+
+
+def real_model_reading_lines(r: dict) -> list[str]:
+    """The ``reading`` probes of the ``real_model`` section (``benchmarks/bandit_reading.py``)."""
+    if not r.get("reading"):
+        return []
+    lines = [
+        "Does the policy read the payout lines? (`python benchmarks/bandit_reading.py RECIPE RUN_DIR`): teacher-forced "
+        "P(better arm's answer) on each side of a name pair; reading = P(first name | first risky) - P(first name | "
+        "second risky): 1 follows the payouts, 0 picks by name, -1 backwards.",
+        "",
+        "| run | measured | Tiger / Crane: P(best), Tiger risky | P(best), Crane risky | reading | training pairs: mean reading |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, x in r["reading"].items():
+        test = x["pairs"][0]
+        lines.append(
+            f"| `{label}` | {x['measured_at']} | {test['p_best'][0]:.2f} | {test['p_best'][1]:.2f} | "
+            f"{x['test_reading']:+.2f} | {x['train_reading_mean']:+.2f} |"
+        )
+    return lines + [""]
 
 
 def real_model_speed_lines(r: dict) -> list[str]:

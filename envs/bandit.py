@@ -19,6 +19,14 @@ which the two are listed. Training uses ``Phoenix``/``Dragon``; the test variant
 pairs never seen in training (``Turtle``/``Shark``, ``Bank``/``Casino``, ``Shield``/``Sword``,
 ``Oak``/``Storm``).
 
+Mirrored seeds (``mirror_seeds=True``, payouts shown): seeds ``2k`` and ``2k+1`` show the same name
+pair with the risky arm swapped (the pair and the first one's risky arm drawn from ``k``). The two
+prompts differ only in which line says "with probability", so a policy that ignores the payouts
+earns the best arm on exactly one of them. Trained on consecutive seeds (``shuffle_dataset: false``,
+an even ``num_start_states``), every step holds each prompt with its mirror: a preference for one
+name gets as much reward on one as it loses on the other, and what is left of the gradient is the
+reading of the payout lines. Over many ``k`` the pairs and risky arms are as often drawn as without it.
+
 ## Actions
 The arm names, e.g. ``Dragon`` or ``Phoenix`` (case-insensitive). Anything else is an invalid
 action: nothing is pulled and the step counts.
@@ -44,14 +52,16 @@ was chosen, whatever the draw paid. Truncated after ``max_steps`` invalid action
 ## Arguments
 ``arm_names=("Dragon", "Phoenix")``, ``safe_reward=0.15``, ``risky_reward=1.0``,
 ``risky_prob=0.25``, ``max_steps=10``, ``show_payouts=True``, ``expected_reward=False``,
-``render_mode=None | "ansi"``.
+``mirror_seeds=False``, ``render_mode=None | "ansi"``.
 
 ## Version history
 v0: first version; ``show_payouts`` added (the paper's names-only form); several pairs with
-payouts shown; ``expected_reward``.
+payouts shown; ``expected_reward``; ``mirror_seeds``.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from envs.base import TextEnv, step_info
 
@@ -87,6 +97,7 @@ class BanditEnv(TextEnv):
         max_steps: int = 10,
         show_payouts: bool = True,
         expected_reward: bool = False,
+        mirror_seeds: bool = False,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode)
@@ -98,7 +109,13 @@ class BanditEnv(TextEnv):
                 raise ValueError(f"arm_names must be two different names (or a list of such pairs), got {arm_names!r}")
         if not 0 <= risky_prob <= 1:
             raise ValueError(f"risky_prob must be in [0, 1], got {risky_prob}")
+        if mirror_seeds and not show_payouts:
+            raise ValueError(
+                "mirror_seeds needs show_payouts=True: without payouts the high-risk-sounding name is always the "
+                "risky arm, so there is no mirror to show."
+            )
         self.pairs, self.show_payouts, self.expected_reward = pairs, show_payouts, expected_reward
+        self.mirror_seeds = mirror_seeds
         self.safe_reward, self.risky_reward, self.risky_prob = safe_reward, risky_reward, risky_prob
         self.max_steps = max_steps
         self._set_names(list(pairs[0]))
@@ -122,9 +139,11 @@ class BanditEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if self.show_payouts:  # several pairs: the seed picks the pair, then which of its names is risky
+            mirrored = self.mirror_seeds and seed is not None
+            rng = np.random.default_rng(seed // 2) if mirrored else self.np_random  # 2k and 2k+1 draw alike
             if len(self.pairs) > 1:
-                self._set_names(list(self.pairs[int(self.np_random.integers(len(self.pairs)))]))
-            self.risky = int(self.np_random.integers(2))
+                self._set_names(list(self.pairs[int(rng.integers(len(self.pairs)))]))
+            self.risky = int(rng.integers(2)) ^ (seed % 2 if mirrored else 0)
         else:  # the high-risk-sounding name is the risky arm; the seed picks the pair and the listing order
             low, high = self.pairs[int(self.np_random.integers(len(self.pairs)))]
             first_high = bool(self.np_random.integers(2))

@@ -281,3 +281,61 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
     assert "| 0.400 |" in text and "| 14 | 15.0% | 200 |" in text
+
+
+def test_bandit_reading_by_hand():
+    import math
+
+    import bandit_reading
+    import pytest
+
+    assert bandit_reading.best_probability(math.log(0.3), math.log(0.1)) == pytest.approx(0.75)
+    assert bandit_reading.reading(0.9, 0.9) == 0.0  # the same name on both prompts: choosing by name
+    assert bandit_reading.reading(1.0, 0.0) == 1.0 and bandit_reading.reading(0.2, 0.7) == pytest.approx(-0.5)
+
+
+def test_bandit_reading_scores_the_engines_own_prompt_and_reads_a_name_preference_as_zero(tiny_tokenizer, scripted):
+    """The probe's prompt for each side of a pair is the one the rollout engine renders for that seed, token
+    for token; a model that prefers one name whatever the prompt says reads 0 and scores P(best) p and 1 - p."""
+    from types import SimpleNamespace
+
+    import bandit_reading
+    import torch
+
+    from starpo_trl.rollout.engine import RolloutConfig, RolloutEngine, StartState
+    from starpo_trl.warm_start import expert_reply
+
+    eos = tiny_tokenizer.eos_token_id
+    engine = RolloutEngine(tiny_tokenizer, None, RolloutConfig(max_turns=1, enable_think=False), [eos])
+    kwargs = {"arm_names": [["Dragon", "Phoenix"], ["Lion", "Eagle"]], "expected_reward": True, "mirror_seeds": True}
+    for pair in (("Dragon", "Phoenix"), ("Tiger", "Crane")):
+        for risky in (0, 1):
+            seed, prompt, names = bandit_reading.side_prompts(engine, kwargs, pair, risky)
+            start = StartState("starpo/Bandit-v0", seed, (("arm_names", pair), ("expected_reward", True)))
+            (ep,) = engine.run([start], backend=scripted(f"<answer> {pair[risky]}</answer>"))
+            assert ep.prompt_ids == prompt and names == list(pair)
+            assert ep.success and ep.turn_rewards == [0.25]  # the seed shows pair[risky] as the risky (better) arm
+
+    def ids(name):
+        return tiny_tokenizer(expert_reply([name], False, True), add_special_tokens=False)["input_ids"]
+
+    dragon = sorted(set(ids("Dragon")) - set(ids("Phoenix")))
+
+    class PrefersDragon(torch.nn.Module):  # the same logits whatever the prompt: +8 on Dragon's tokens
+        def forward(self, x):
+            logits = torch.zeros(1, x.shape[1], len(tiny_tokenizer))
+            logits[..., dragon] = 8.0
+            return SimpleNamespace(logits=logits)
+
+    (row,) = bandit_reading.probe(PrefersDragon(), engine, kwargs, [("Dragon", "Phoenix")], space_before_answer=True)
+    assert row["reading"] == 0.0 and row["p_best"][0] > 0.99 and row["p_best"][0] + row["p_best"][1] == 1.0
+
+
+def test_bandit_reading_table_row():
+    import report
+
+    pairs = [{"pair": ["Tiger", "Crane"], "p_best": [0.6, 0.49], "mass": [0.96, 0.96], "reading": 0.09}]
+    entry = {"measured_at": "2026-12-05 12:00 UTC", "pairs": pairs, "test_reading": 0.09, "train_reading_mean": -0.02}
+    lines = report.real_model_reading_lines({"reading": {"try 9": entry}})
+    assert "| `try 9` | 2026-12-05 12:00 UTC | 0.60 | 0.49 | +0.09 | -0.02 |" in lines
+    assert report.real_model_reading_lines({}) == []

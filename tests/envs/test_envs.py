@@ -269,6 +269,32 @@ def test_bandit_with_payouts_over_several_pairs_draws_a_pair_then_the_risky_name
     assert len({pair for pair, _ in seen}) == len(PAYOUT_TRAIN_PAIRS) and len(seen) > len(PAYOUT_TRAIN_PAIRS)
 
 
+def test_bandit_mirror_seeds_show_each_pair_with_the_risky_arm_swapped():
+    import numpy as np
+
+    from envs.bandit import PAYOUT_TRAIN_PAIRS
+
+    env = BanditEnv(arm_names=PAYOUT_TRAIN_PAIRS, mirror_seeds=True)
+    seen = set()
+    for k in range(200):
+        rng = np.random.default_rng(k)  # seeds 2k and 2k+1 draw from k: the pair, then the first one's risky arm
+        pair, first_risky = PAYOUT_TRAIN_PAIRS[int(rng.integers(len(PAYOUT_TRAIN_PAIRS)))], int(rng.integers(2))
+        even, _ = env.reset(seed=2 * k)
+        assert tuple(env.action_names) == pair and env.risky == first_risky
+        assert env.expert_action() == pair[first_risky] and env.step(pair[first_risky])[4]["success"]
+        odd, _ = env.reset(seed=2 * k + 1)
+        assert tuple(env.action_names) == pair and env.risky == 1 - first_risky
+        assert env.expert_action() == pair[1 - first_risky] and not env.step(pair[first_risky])[4]["success"]
+        # the two observations differ only in which name the "with probability" line belongs to
+        swap = {f"Arm {pair[0]}": f"Arm {pair[1]}", f"Arm {pair[1]}": f"Arm {pair[0]}"}
+        swapped = [swap[line[: line.index(":")]] + line[line.index(":") :] for line in even.splitlines()]
+        assert sorted(swapped) == sorted(odd.splitlines()) and even != odd
+        seen.update({(pair, first_risky), (pair, 1 - first_risky)})
+    assert len(seen) == 2 * len(PAYOUT_TRAIN_PAIRS)  # every prompt, as without mirroring
+    with pytest.raises(ValueError, match="show_payouts=True"):
+        BanditEnv(arm_names=("Phoenix", "Dragon"), show_payouts=False, mirror_seeds=True)
+
+
 def test_bandit_expected_reward_pays_each_arms_mean_and_keeps_the_rest():
     from envs.bandit import PAYOUT_TRAIN_PAIRS
 
