@@ -25,7 +25,8 @@ prompts differ only in which line says "with probability", so a policy that igno
 earns the best arm on exactly one of them. Trained on consecutive seeds (``shuffle_dataset: false``,
 an even ``num_start_states``), every step holds each prompt with its mirror: a preference for one
 name gets as much reward on one as it loses on the other, and what is left of the gradient is the
-reading of the payout lines. Over many ``k`` the pairs and risky arms are as often drawn as without it.
+reading of the payout lines (StarPOConfig refuses a mirrored env without those settings, before any model
+loads). Over many ``k`` the pairs and risky arms are as often drawn as without it.
 
 ## Actions
 The arm names, e.g. ``Dragon`` or ``Phoenix`` (case-insensitive). Anything else is an invalid

@@ -501,6 +501,7 @@ class StarPOConfig(GRPOConfig):
                     check_env_id(c["env_id"], f"{setting}[{i}].env_id")
                     check_env_contract(c["env_id"], c["env_kwargs"], f"{setting}[{i}]")
             split_groups(self.train_envs(), self.num_start_states)
+            self._check_mirror_seeds()
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
         from starpo_trl.rollout.env_runner import RUNNERS
@@ -511,6 +512,26 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(
                 f"env_step_timeout needs env_runner='processes' (got {self.env_runner!r}): a hung env call can only be stopped "
                 "by killing its worker process. Leave env_runner unset or set it to processes."
+            )
+
+    def _check_mirror_seeds(self) -> None:
+        """An env with ``mirror_seeds`` (seeds 2k and 2k+1 are mirrors, e.g. the payout Bandit) gives each step its
+        mirrors only if the step plays consecutive seeds in whole pairs."""
+        if not any(e.env_kwargs.get("mirror_seeds") for e in self.train_envs()):
+            return
+        problems = [
+            "shuffle_dataset: false (TRL's sampler shuffles the seeds by default)" if self.shuffle_dataset else "",
+            f"an even num_start_states (got {self.num_start_states})" if self.num_start_states % 2 else "",
+            f"an even train_seed_offset (got {self.train_seed_offset})" if self.train_seed_offset % 2 else "",
+            "a single training env (with several, a mirror may be dealt to another env's group)"
+            if len(self.train_envs()) > 1
+            else "",
+        ]
+        if any(problems):
+            raise ValueError(
+                "mirror_seeds pairs seeds 2k and 2k+1, so each step must play consecutive seeds in whole pairs; set "
+                + "; ".join(p for p in problems if p)
+                + "."
             )
 
     def _check_rollout_settings(self) -> None:

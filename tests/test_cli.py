@@ -46,9 +46,18 @@ def _main(tmp_path, *extra):
         (["--advantage_estimator", "gae", "--critic_init", "./typo"], "no such model directory"),
         (["--resume_from_checkpoint", "/no/such/checkpoint-3"], "not a checkpoint folder"),
         (["--resume_from_checkpoint", "true"], "holds no checkpoint"),
+        (
+            ["--env_kwargs", '{"mirror_seeds": true}', "--num_start_states", "3", "--num_generations", "4"],
+            "set shuffle_dataset: false .*; an even num_start_states \\(got 3\\)",
+        ),
+        (
+            ["--env_kwargs", '{"mirror_seeds": true}', "--shuffle_dataset", "false", "--num_start_states", "4"]
+            + ["--train_seed_offset", "1"],
+            "consecutive seeds in whole pairs; set an even train_seed_offset \\(got 1\\)\\.$",
+        ),
     ],
 )
-def test_train_refuses_bad_paths_before_any_model_loads(tmp_path, extra, message, monkeypatch):
+def test_train_refuses_bad_paths_and_settings_before_any_model_loads(tmp_path, extra, message, monkeypatch):
     import starpo_trl.models
 
     def no_load(*a, **k):
