@@ -34,8 +34,6 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-TEST_PAIR = ("Tiger", "Crane")
-
 
 def best_probability(logp_best: float, logp_other: float) -> float:
     """P(best answer), normalised over the two answers: ``e^a / (e^a + e^b)``."""
@@ -126,9 +124,11 @@ def main(argv: list[str]) -> dict:
 
     import report
     import torch
+    from real_model import _store
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import train
+    from envs.bandit import TEST_ARMS, BanditEnv
     from starpo_trl.config import rollout_config
     from starpo_trl.models import eos_token_ids
     from starpo_trl.rollout.engine import RolloutEngine
@@ -136,15 +136,14 @@ def main(argv: list[str]) -> dict:
     run_args, cfg, _, _ = train.parser().parse_args_and_config(args=["--config", args.recipe, *flags])
     if cfg.enable_think:
         p.error(f"{args.recipe} asks for <think>: this probe scores bare answers only")
-    pairs = [tuple(x) for x in cfg.env_kwargs.get("arm_names", [("Dragon", "Phoenix")])]
-    pairs = [pairs] if isinstance(pairs[0], str) else pairs
+    pairs = BanditEnv(**cfg.env_kwargs).pairs  # the env's own reading of arm_names: one pair or a list of pairs
     path = str(pathlib.Path(args.run_dir).expanduser())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = RolloutEngine(
         tokenizer, None, rollout_config(cfg), eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     )
-    rows = probe(model, engine, dict(cfg.env_kwargs), [TEST_PAIR] + pairs, run_args.warm_start_space_before_answer)
+    rows = probe(model, engine, dict(cfg.env_kwargs), [TEST_ARMS] + pairs, run_args.warm_start_space_before_answer)
     print(table(rows))
     train_rows = rows[1:]
     result = {
@@ -157,7 +156,7 @@ def main(argv: list[str]) -> dict:
     }
     section = dict(report.load().get("real_model", {}))
     section["reading"] = {**section.get("reading", {}), args.label or args.run_dir: result}
-    report.store("real_model", {k: v for k, v in section.items() if k not in ("measured_at", "machine")})
+    _store(section)
     print(
         f"reading: test pair {result['test_reading']:+.2f}, training pairs (mean) {result['train_reading_mean']:+.2f}"
     )

@@ -517,14 +517,15 @@ class StarPOConfig(GRPOConfig):
     def _check_mirror_seeds(self) -> None:
         """An env with ``mirror_seeds`` (seeds 2k and 2k+1 are mirrors, e.g. the payout Bandit) gives each step its
         mirrors only if the step plays consecutive seeds in whole pairs."""
-        if not any(e.env_kwargs.get("mirror_seeds") for e in self.train_envs()):
+        envs = self.train_envs()
+        if not any(e.env_kwargs.get("mirror_seeds") for e in envs):
             return
         problems = [
             "shuffle_dataset: false (TRL's sampler shuffles the seeds by default)" if self.shuffle_dataset else "",
             f"an even num_start_states (got {self.num_start_states})" if self.num_start_states % 2 else "",
             f"an even train_seed_offset (got {self.train_seed_offset})" if self.train_seed_offset % 2 else "",
             "a single training env (with several, a mirror may be dealt to another env's group)"
-            if len(self.train_envs()) > 1
+            if len(envs) > 1
             else "",
         ]
         if any(problems):
