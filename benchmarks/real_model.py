@@ -16,7 +16,9 @@ the run's held-out success and format-error rate before and after RL (train.py e
 wall time, step time and curves (success, format-error rate, in-group reward std, entropy) go to
 "real_model" -> "runs" (one entry per recipe) and BENCHMARKS.md, the curves to
 benchmarks/real-<recipe>.png. "start" says where RL began: "base" (the model as it is) or "sft"
-(after the recipe's warm start).
+(after the recipe's warm start). A Bandit recipe with the payouts shown and no <think> is then
+probed by benchmarks/bandit_reading.py (does the policy read the payouts or pick by name), stored
+under "real_model" -> "reading" -> the run's output_dir.
 
 `speed`: benchmarks/speed.py's measures on this model, each a ratio measured side by side in one
 run: 32 Sokoban episodes x 5 turns (24 tokens per turn) with the HF backend's KV reuse off and on
@@ -210,7 +212,22 @@ def rl(recipe: str, extra: list[str]) -> dict:
         cwd=ROOT,
     )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-    return record(recipe, str(ROOT / run_dir), peak, flags=flags)
+    run = record(recipe, str(ROOT / run_dir), peak, flags=flags)
+    if reads_payouts(recipe, flags):
+        import bandit_reading
+
+        bandit_reading.main([recipe, str(ROOT / run_dir), "--label", run_dir, *flags])
+    return run
+
+
+def reads_payouts(recipe: str, flags: list[str]) -> bool:
+    """Whether `rl` follows the run with benchmarks/bandit_reading.py: a Bandit recipe with the payouts
+    shown and no <think> (the probe scores bare answers against the payout lines)."""
+    import train
+
+    _, cfg, _, _ = train.parser().parse_args_and_config(args=["--config", recipe, *flags])
+    bandit = cfg.env_id in ("starpo/Bandit-v0", "starpo/BanditTest-v0")
+    return bandit and cfg.env_kwargs.get("show_payouts", True) and not cfg.enable_think
 
 
 def speed_rows(repeats: int = 2) -> dict:

@@ -339,3 +339,25 @@ def test_bandit_reading_table_row():
     lines = report.real_model_reading_lines({"reading": {"try 9": entry}})
     assert "| `try 9` | 2026-12-05 12:00 UTC | 0.60 | 0.49 | +0.09 | -0.02 |" in lines
     assert report.real_model_reading_lines({}) == []
+
+
+def test_rl_probes_reading_only_for_payout_bandit_recipes(monkeypatch):
+    """`real_model.py rl` follows a payout-Bandit run (no <think>) with the reading probe, on the run's own
+    directory and flags; other recipes, and the same recipe with <think>, are not probed."""
+    import bandit_reading
+    import real_model
+
+    from starpo_trl import offline_model
+
+    calls = []
+    monkeypatch.setattr(offline_model, "build", lambda: None)
+    monkeypatch.setattr(real_model.subprocess, "run", lambda *a, **k: None)
+    monkeypatch.setattr(real_model, "record", lambda recipe, run_dir, peak, flags: {"recipe": recipe})
+    monkeypatch.setattr(bandit_reading, "main", calls.append)
+    mirror = "recipes/smollm2-cpu-bandit-pairs-mirror.yaml"
+    real_model.rl(mirror, ["--max_steps", "100", "--output_dir", "runs/m100"])
+    assert calls == [[mirror, str(real_model.ROOT / "runs/m100"), "--label", "runs/m100", "--max_steps", "100"]]
+    real_model.rl(mirror, ["--enable_think", "true"])
+    real_model.rl("recipes/smollm2-cpu-frozenlake.yaml", [])
+    real_model.rl("recipes/smollm2-cpu-bandit-symbolic-lora.yaml", [])
+    assert len(calls) == 1
