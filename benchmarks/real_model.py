@@ -223,11 +223,16 @@ def rl(recipe: str, extra: list[str]) -> dict:
 def reads_payouts(recipe: str, flags: list[str]) -> bool:
     """Whether `rl` follows the run with benchmarks/bandit_reading.py: a Bandit recipe with the payouts
     shown and no <think> (the probe scores bare answers against the payout lines)."""
+    import gymnasium as gym
+
     import train
+    from envs.bandit import BanditEnv
 
     _, cfg, _, _ = train.parser().parse_args_and_config(args=["--config", recipe, *flags])
-    bandit = cfg.env_id in ("starpo/Bandit-v0", "starpo/BanditTest-v0")
-    return bandit and cfg.env_kwargs.get("show_payouts", True) and not cfg.enable_think
+    env = gym.make(
+        cfg.env_id, **cfg.env_kwargs
+    ).unwrapped  # the registry's kwargs and the recipe's, as training sees them
+    return isinstance(env, BanditEnv) and env.show_payouts and not cfg.enable_think
 
 
 def speed_rows(repeats: int = 2) -> dict:
