@@ -229,9 +229,8 @@ def reads_payouts(recipe: str, flags: list[str]) -> bool:
     from envs.bandit import BanditEnv
 
     _, cfg, _, _ = train.parser().parse_args_and_config(args=["--config", recipe, *flags])
-    env = gym.make(
-        cfg.env_id, **cfg.env_kwargs
-    ).unwrapped  # the registry's kwargs and the recipe's, as training sees them
+    # the registry's kwargs and the recipe's, as training sees them
+    env = gym.make(cfg.env_id, **cfg.env_kwargs).unwrapped
     return isinstance(env, BanditEnv) and env.show_payouts and not cfg.enable_think
 
 
