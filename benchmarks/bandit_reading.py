@@ -115,6 +115,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def probed_pairs(env_id: str, env_kwargs: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """The recipe's env kwargs as training builds the env (the registry's, then the recipe's) and the pairs
+    to probe: the held-out Tiger / Crane first, then the env's own training pairs (``arm_names`` read by the
+    env itself: one pair or a list of pairs)."""
+    import gymnasium
+
+    from envs.bandit import TEST_ARMS, BanditEnv
+
+    kwargs = {**gymnasium.spec(env_id).kwargs, **env_kwargs}
+    pairs = [tuple(pair) for pair in BanditEnv(**kwargs).pairs]
+    return kwargs, [TEST_ARMS] + [pair for pair in pairs if pair != TEST_ARMS]
+
+
 def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe")
@@ -128,7 +141,7 @@ def main(argv: list[str]) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import train
-    from envs.bandit import TEST_ARMS, BanditEnv
+    from envs.bandit import TEST_ARMS
     from starpo_trl.config import rollout_config
     from starpo_trl.models import eos_token_ids
     from starpo_trl.rollout.engine import RolloutEngine
@@ -136,14 +149,16 @@ def main(argv: list[str]) -> dict:
     run_args, cfg, _, _ = train.parser().parse_args_and_config(args=["--config", args.recipe, *flags])
     if cfg.enable_think:
         p.error(f"{args.recipe} asks for <think>: this probe scores bare answers only")
-    pairs = BanditEnv(**cfg.env_kwargs).pairs  # the env's own reading of arm_names: one pair or a list of pairs
+    env_kwargs, pairs = probed_pairs(cfg.env_id, cfg.env_kwargs)
+    if len(pairs) < 2:
+        p.error(f"{args.recipe} trains on {TEST_ARMS} only: the probe compares them with the training pairs")
     path = str(pathlib.Path(args.run_dir).expanduser())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = RolloutEngine(
         tokenizer, None, rollout_config(cfg), eos_token_ids(tokenizer, model.generation_config.eos_token_id)
     )
-    rows = probe(model, engine, dict(cfg.env_kwargs), [TEST_ARMS] + pairs, run_args.warm_start_space_before_answer)
+    rows = probe(model, engine, env_kwargs, pairs, run_args.warm_start_space_before_answer)
     print(table(rows))
     train_rows = rows[1:]
     result = {

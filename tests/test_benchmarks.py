@@ -331,6 +331,20 @@ def test_bandit_reading_scores_the_engines_own_prompt_and_reads_a_name_preferenc
     assert row["reading"] == 0.0 and row["p_best"][0] > 0.99 and row["p_best"][0] + row["p_best"][1] == 1.0
 
 
+def test_bandit_reading_probes_the_pairs_training_sees():
+    """The probe reads the recipe's env as training builds it: registry kwargs, then the recipe's; Tiger / Crane
+    first, then each training pair once (a single pair is one pair, not pairs of letters)."""
+    import bandit_reading
+
+    many = {"arm_names": [["Dragon", "Phoenix"], ["Lion", "Eagle"]], "mirror_seeds": True}
+    kwargs, pairs = bandit_reading.probed_pairs("starpo/Bandit-v0", many)
+    assert pairs == [("Tiger", "Crane"), ("Dragon", "Phoenix"), ("Lion", "Eagle")] and kwargs["mirror_seeds"]
+    _, pairs = bandit_reading.probed_pairs("starpo/Bandit-v0", {"arm_names": ["Wolf", "Owl"]})
+    assert pairs == [("Tiger", "Crane"), ("Wolf", "Owl")]
+    kwargs, pairs = bandit_reading.probed_pairs("starpo/BanditTest-v0", {"expected_reward": True})
+    assert pairs == [("Tiger", "Crane")] and kwargs == {"arm_names": ("Tiger", "Crane"), "expected_reward": True}
+
+
 def test_bandit_reading_table_row():
     import report
 
