@@ -121,11 +121,11 @@ def probed_pairs(env_id: str, env_kwargs: dict) -> tuple[dict, list[tuple[str, s
     env itself: one pair or a list of pairs)."""
     import gymnasium
 
-    from envs.bandit import TEST_ARMS, BanditEnv
+    from envs.bandit import TEST_ARMS
 
-    kwargs = {**gymnasium.spec(env_id).kwargs, **env_kwargs}
-    pairs = [tuple(pair) for pair in BanditEnv(**kwargs).pairs]
-    return kwargs, [TEST_ARMS] + [pair for pair in pairs if pair != TEST_ARMS]
+    env = gymnasium.make(env_id, **env_kwargs).unwrapped  # as real_model.reads_payouts builds it
+    pairs = [tuple(pair) for pair in env.pairs]
+    return dict(env.spec.kwargs), [TEST_ARMS] + [pair for pair in pairs if pair != TEST_ARMS]
 
 
 def main(argv: list[str]) -> dict:
