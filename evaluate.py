@@ -124,6 +124,8 @@ def parser() -> argparse.ArgumentParser:
         ("max_episode_tokens", int),
         ("context_window", str),
         ("action_format", str),
+        ("reply_prefix", str),
+        ("format_instruction", str),
         ("enable_think", _bool),
         ("format_penalty", float),
         ("env_step_timeout", float),
@@ -134,6 +136,7 @@ def parser() -> argparse.ArgumentParser:
         ("think_copy_penalty", float),
     ):
         p.add_argument(f"--{name}", type=kind)
+    p.add_argument("--stop_strings", nargs="*", help="a reply ends after the first of these (default: the model's)")
     p.add_argument("--batch_size", type=int, default=256, help="episodes per engine call")
     p.add_argument("--output", help="write the metrics and settings here as JSON")
     p.add_argument("--save_episodes", help="write every episode here, one JSON object per line (JSON Lines)")
@@ -216,6 +219,9 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
     for env_id, kwargs, _ in settings["eval_envs"]:
         check_env_id(env_id, "--env_id")
         check_env_contract(env_id, kwargs, "--env_id")
+    from starpo_trl.rollout.prompting import check_format_instruction
+
+    check_format_instruction(settings["format_instruction"], [(e, k) for e, k, _ in settings["eval_envs"]])
     for flag, path in (("--output", a.output), ("--save_episodes", a.save_episodes)):
         if not path:
             continue

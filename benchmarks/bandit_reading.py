@@ -66,7 +66,9 @@ def side_prompts(engine, env_kwargs: dict, pair: tuple[str, str], risky: int) ->
     for seed in range(1000):
         obs, _ = env.reset(seed=seed)
         if env.risky == risky:
-            content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
+            content = first_user_message(
+                env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think, cfg.format_instruction
+            )
             return seed, engine.chat.prompt_ids(content), list(env.action_names)
     raise RuntimeError(f"no seed below 1000 makes {pair[risky]} risky")  # 1 in 2 per seed: never
 
@@ -76,6 +78,9 @@ def probe(model, engine, env_kwargs: dict, pairs: list[tuple[str, str]], space_b
     from starpo_trl.warm_start import expert_reply
 
     tok = engine.tokenizer
+    prefix = (
+        engine.config.prefix_text()
+    )  # the prompt already ends with it (reply_prefix): the answer goes on from there
     rows = []
     for pair in pairs:
         sides = []
@@ -85,7 +90,9 @@ def probe(model, engine, env_kwargs: dict, pairs: list[tuple[str, str]], space_b
                 reply_logprob(
                     model,
                     prompt,
-                    tok(expert_reply([n], False, space_before_answer), add_special_tokens=False)["input_ids"],
+                    tok(expert_reply([n], False, space_before_answer)[len(prefix) :], add_special_tokens=False)[
+                        "input_ids"
+                    ],
                 )
                 for n in names
             ]

@@ -40,6 +40,9 @@ ROLLOUT_SETTINGS = (
     "max_episode_tokens",
     "context_window",
     "action_format",
+    "reply_prefix",
+    "format_instruction",
+    "stop_strings",
     "enable_think",
     "format_penalty",
     "env_step_timeout",
@@ -119,6 +122,19 @@ class StarPOConfig(GRPOConfig):
             TRL-style environment classes (`envs.trl_env.register_trl_environment`); malformed calls
             and unknown tools get the format penalty. Needs a template that renders tool calls.
         enable_think (`bool`, True): ask for `<think>...</think><answer>...</answer>`.
+        reply_prefix (`str`, `""`): text every reply starts with, written into the prompt after the
+            template's assistant header (env tokens: not sampled, not trained); the parser reads it
+            with the reply. `auto`: `<think>` with `enable_think`, else `<answer>`, the opening tag
+            RAGEN forces on every reply; a model too small to find the format by itself then only
+            has to continue it. Saved with the model, so `evaluate.py` plays as training did.
+        format_instruction (`str` or `None`): the line that ends every user message, in place of
+            the paper's "Always output: <answer> [your answer] </answer> with no extra text."; may
+            name `{example_action}` (the env's first action name, envs with named actions).
+        stop_strings (`list[str]` or `None`): a reply ends with the first token that completes one of
+            these in its text (kept, as vLLM's `include_stop_str_in_output`); what was sampled after
+            it is dropped and the turn closed with the end-of-turn token, as a reply cut at
+            `max_tokens_per_turn` is. `["</answer>"]` stops a model that goes on writing after its
+            answer (text the loss and an entropy bonus would otherwise see).
         format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
             names an unknown action.
         eval_temperature (`float`, 0.5): sampling temperature of held-out evaluation.
@@ -281,6 +297,17 @@ class StarPOConfig(GRPOConfig):
         default="answer_tags", metadata={"help": "How a reply acts: answer_tags or tool_call (TRL-style envs)."}
     )
     enable_think: bool = field(default=True, metadata={"help": "Ask for <think>...</think><answer>...</answer>."})
+    reply_prefix: str = field(
+        default="",
+        metadata={"help": "Text every reply starts with, given in the prompt; auto: <think> or <answer>."},
+    )
+    format_instruction: str | None = field(
+        default=None,
+        metadata={"help": "The format line ending each user message (may name {example_action}); None: the paper's."},
+    )
+    stop_strings: list[str] | None = field(
+        default=None, metadata={"help": "A reply ends after the first of these it writes (kept), e.g. </answer>."}
+    )
     format_penalty: float = field(
         default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."}
     )
@@ -502,6 +529,7 @@ class StarPOConfig(GRPOConfig):
                     check_env_contract(c["env_id"], c["env_kwargs"], f"{setting}[{i}]")
             split_groups(self.train_envs(), self.num_start_states)
             self._check_mirror_seeds()
+            self._check_format_instruction()
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
         from starpo_trl.rollout.env_runner import RUNNERS
@@ -513,6 +541,13 @@ class StarPOConfig(GRPOConfig):
                 f"env_step_timeout needs env_runner='processes' (got {self.env_runner!r}): a hung env call can only be stopped "
                 "by killing its worker process. Leave env_runner unset or set it to processes."
             )
+
+    def _check_format_instruction(self) -> None:
+        """The instruction template names only ``{example_action}``, and then every env has named actions."""
+        from starpo_trl.rollout.prompting import check_format_instruction
+
+        envs = [*self.train_envs(), *self.eval_envs()]
+        check_format_instruction(self.format_instruction, [(e.env_id, e.env_kwargs) for e in envs])
 
     def _check_mirror_seeds(self) -> None:
         """An env with ``mirror_seeds`` (seeds 2k and 2k+1 are mirrors, e.g. the payout Bandit) gives each step its
@@ -549,6 +584,14 @@ class StarPOConfig(GRPOConfig):
             raise ValueError(f"action_format must be 'answer_tags' or 'tool_call', got {self.action_format!r}")
         if self.action_format == "tool_call" and self.context_window != "full":
             raise ValueError("action_format='tool_call' keeps the whole history: use context_window='full'.")
+        if self.stop_strings is not None and (
+            isinstance(self.stop_strings, str) or not all(isinstance(x, str) and x for x in self.stop_strings)
+        ):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {self.stop_strings!r}")
+        if self.action_format == "tool_call" and self.reply_prefix:
+            raise ValueError(
+                "reply_prefix opens <think>/<answer> replies: leave it empty with action_format='tool_call'."
+            )
         if self.mi_metrics_turn not in ("first", "uniform"):
             raise ValueError(f"mi_metrics_turn must be 'first' or 'uniform', got {self.mi_metrics_turn!r}")
         for name in ("mi_metrics_every",):

@@ -77,6 +77,10 @@ class ExpertBackend:
         out = []
         for env, actions_left in turns:
             text = expert_reply(self._actions(env, actions_left), self.cfg.enable_think, self.space_before_answer)
+            prefix = self.cfg.prefix_text()  # the prompt already holds it: the demonstration goes on from there
+            if not text.startswith(prefix):
+                raise ValueError(f"reply_prefix {prefix!r} does not open the expert's reply {text!r}")
+            text = text[len(prefix) :]
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.turn_end_id]
             out.append((ids, [0.0] * len(ids)))
         return out

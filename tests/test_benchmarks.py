@@ -331,6 +331,42 @@ def test_bandit_reading_scores_the_engines_own_prompt_and_reads_a_name_preferenc
     assert row["reading"] == 0.0 and row["p_best"][0] > 0.99 and row["p_best"][0] + row["p_best"][1] == 1.0
 
 
+def test_bandit_reading_scores_the_prompt_and_reply_training_plays_with_a_prefix_and_an_instruction(
+    tiny_tokenizer, scripted
+):
+    """With ``reply_prefix`` and ``format_instruction`` the probe's prompt is still the engine's own (ending with
+    the prefix) and the scored answer goes on from the prefix, as the model's sampled replies did."""
+    from types import SimpleNamespace
+
+    import bandit_reading
+    import torch
+
+    from starpo_trl.rollout.engine import RolloutConfig, RolloutEngine, StartState
+
+    eos = tiny_tokenizer.eos_token_id
+    instruction = "Name one arm, e.g. <answer> {example_action} </answer>"
+    cfg = RolloutConfig(max_turns=1, enable_think=False, reply_prefix="auto", format_instruction=instruction)
+    engine = RolloutEngine(tiny_tokenizer, None, cfg, [eos])
+    kwargs = {"arm_names": [["Dragon", "Phoenix"]], "expected_reward": True}
+    seed, prompt, _ = bandit_reading.side_prompts(engine, kwargs, ("Dragon", "Phoenix"), 0)
+    start = StartState("starpo/Bandit-v0", seed, (("arm_names", ("Dragon", "Phoenix")), ("expected_reward", True)))
+    (ep,) = engine.run([start], backend=scripted(" Dragon</answer>"))
+    assert ep.prompt_ids == prompt and ep.success
+    assert tiny_tokenizer.decode(prompt).endswith(
+        "e.g. <answer> Dragon </answer><|im_end|>\n<|im_start|>assistant\n<answer>"
+    )
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x[0].tolist())
+            return SimpleNamespace(logits=torch.zeros(1, x.shape[1], len(tiny_tokenizer)))
+
+    bandit_reading.probe(Recorder(), engine, kwargs, [("Dragon", "Phoenix")], space_before_answer=True)
+    reply = tiny_tokenizer(" Dragon</answer>", add_special_tokens=False)["input_ids"]
+    assert seen[0] == prompt + reply  # the first side, Dragon risky, first name scored first
+
+
 def test_bandit_reading_probes_the_pairs_training_sees():
     """The probe reads the recipe's env as training builds it: registry kwargs, then the recipe's; Tiger / Crane
     first, then each training pair once (a single pair is one pair, not pairs of letters)."""

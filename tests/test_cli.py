@@ -99,6 +99,8 @@ def test_train_refuses_a_report_path_of_another_shape(tmp_path, monkeypatch):
         (["--output", "/no/such/dir/eval.json"], "cannot be written"),
         (["--save_episodes", "/no/such/dir/episodes.jsonl"], "--save_episodes '/no/such/dir/episodes.jsonl' cannot"),
         (["--temperature", "-1"], ">= 0"),
+        (["--format_instruction", "Say {what}"], "may name only {example_action}"),
+        (["--env_id", "starpo/Countdown-v0", "--format_instruction", "{example_action}"], "no named actions"),
     ],
 )
 def test_evaluate_refuses_bad_arguments_before_loading(tmp_path, args, message, capsys):
@@ -109,6 +111,29 @@ def test_evaluate_refuses_bad_arguments_before_loading(tmp_path, args, message, 
         ["--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0", *args]
     )
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_evaluate_opens_replies_and_words_the_format_as_the_model_was_trained(tmp_path):
+    """``reply_prefix``, ``format_instruction`` and ``stop_strings`` come from the model's starpo_rollout.json;
+    flags override."""
+    sys.path.insert(0, str(ROOT))
+    import json
+
+    import evaluate
+
+    saved = {
+        "env_id": "starpo/Bandit-v0",
+        "reply_prefix": "auto",
+        "format_instruction": "e.g. {example_action}",
+        "stop_strings": ["</answer>"],
+    }
+    (tmp_path / "starpo_rollout.json").write_text(json.dumps(saved))
+    settings = evaluate.resolve(evaluate.parser().parse_args(["--model_name_or_path", str(tmp_path)]))
+    assert settings.reply_prefix == "auto" and settings.format_instruction == "e.g. {example_action}"
+    assert settings.stop_strings == ["</answer>"]
+    flags = ["--model_name_or_path", str(tmp_path), "--reply_prefix", "", "--format_instruction", "Pick one."]
+    settings = evaluate.resolve(evaluate.parser().parse_args([*flags, "--stop_strings"]))
+    assert settings.reply_prefix == "" and settings.format_instruction == "Pick one." and settings.stop_strings == []
 
 
 def test_user_env_trains_and_evaluate_reproduces_the_training_evaluation(tmp_path):

@@ -71,19 +71,20 @@ def mi_statistics(cross: torch.Tensor, own: torch.Tensor) -> dict[str, float]:
     return out
 
 
-def reasoning_span(tokenizer, reply: list[int]) -> tuple[int, int] | None:
+def reasoning_span(tokenizer, reply: list[int], prefix: str = "") -> tuple[int, int] | None:
     """Token indices ``[start, end)`` of the reasoning inside one reply's tokens: the tokens after the
     one that completes ``<think>`` and before the one that starts ``</think>``. None when the reply
     has no closed, non-empty think block. Tokens are located by decoding prefixes, so a token that
-    straddles a tag belongs to X (opening) or is left out (closing)."""
-    text = tokenizer.decode(reply, skip_special_tokens=False)
+    straddles a tag belongs to X (opening) or is left out (closing). ``prefix``: the text the prompt
+    opened the reply with (``reply_prefix``): a ``<think>`` there puts the reasoning from token 0."""
+    text = prefix + tokenizer.decode(reply, skip_special_tokens=False)
     open_at = text.find("<think>")
     close_at = text.find("</think>", open_at + 1) if open_at >= 0 else -1
     if open_at < 0 or close_at < 0:
         return None
     start = end = None
-    for k in range(1, len(reply) + 1):
-        length = len(tokenizer.decode(reply[:k], skip_special_tokens=False))
+    for k in range(len(reply) + 1):
+        length = len(prefix) + len(tokenizer.decode(reply[:k], skip_special_tokens=False))
         if start is None and length >= open_at + len("<think>"):
             start = k
         if length <= close_at:
@@ -94,11 +95,16 @@ def reasoning_span(tokenizer, reply: list[int]) -> tuple[int, int] | None:
 
 
 def reasoning_pairs(
-    episodes: list[Episode], tokenizer, turn: str = "first", generator: torch.Generator | None = None
+    episodes: list[Episode],
+    tokenizer,
+    turn: str = "first",
+    generator: torch.Generator | None = None,
+    prefix: str = "",
 ) -> list[tuple[list[int], list[int]]]:
     """(X, Z) token lists, one per episode with a reasoning at the chosen turn: ``first`` (each episode's
     first reply) or ``uniform`` (one of its replies drawn uniformly). X holds the prompt, the earlier
-    turns with their env tokens, and the reply's tokens up to and including ``<think>``."""
+    turns with their env tokens, and the reply's tokens up to and including ``<think>`` (``prefix``: the
+    ``reply_prefix`` text every reply was opened with in its prompt)."""
     pairs = []
     for ep in episodes:
         mask = ep.env_mask
@@ -113,7 +119,7 @@ def reasoning_pairs(
             continue
         k = 0 if turn == "first" else int(torch.randint(len(turns), (1,), generator=generator))
         a, b = turns[k]
-        span = reasoning_span(tokenizer, ep.completion_ids[a:b])
+        span = reasoning_span(tokenizer, ep.completion_ids[a:b], prefix)
         if span is None:
             continue
         # what the model read before this reply: the whole history, or with a context window that turn's prompt
@@ -167,6 +173,7 @@ def mi_sample(
     per_input: int = 2,
     turn: str = "first",
     generator: torch.Generator | None = None,
+    prefix: str = "",
 ) -> tuple[list[list[int]], list[list[int]], list[int]]:
     """The (input, reasoning) sample of a rollout (episodes grouped by start state, ``group_size``
     each): up to ``max_inputs`` groups, ``per_input`` episodes of each. Returns the distinct inputs,
@@ -175,7 +182,7 @@ def mi_sample(
     xs, zs, own, index = [], [], [], {}
     groups = [episodes[g : g + group_size] for g in range(0, len(episodes), group_size)][:max_inputs]
     for group in groups:
-        for x, z in reasoning_pairs(group, tokenizer, turn, generator)[:per_input]:
+        for x, z in reasoning_pairs(group, tokenizer, turn, generator, prefix)[:per_input]:
             if tuple(x) not in index:
                 index[tuple(x)] = len(xs)
                 xs.append(x)
@@ -221,12 +228,13 @@ def mi_metrics(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     accelerator=None,
+    prefix: str = "",
 ) -> dict[str, float]:
     """The ``MI_KEYS`` statistics of ``mi_sample(episodes, ...)``, the model in eval mode meanwhile;
     empty when the sample holds fewer than two inputs. With an ``accelerator`` of several processes
     this is collective: each process passes its own episodes, every one makes the same number of
     forward passes (sharded weights gather) and gets the statistics averaged over the processes."""
-    sample = mi_sample(episodes, tokenizer, group_size, max_inputs, per_input, turn, generator)
+    sample = mi_sample(episodes, tokenizer, group_size, max_inputs, per_input, turn, generator, prefix)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = -(-len(sample[0]) * len(sample[1]) // batch_size)
     several = accelerator is not None and accelerator.num_processes > 1

@@ -21,6 +21,7 @@ from starpo_trl.algorithms.value_model import explained_variance
 from starpo_trl.monitoring.metrics import critic_metrics, rollout_metrics
 from starpo_trl.monitoring.mutual_info import EMANormalizer, mi_metrics
 from starpo_trl.rollout import Episode
+from starpo_trl.rollout.prompting import resolve_reply_prefix
 
 
 class StepLog:
@@ -84,6 +85,7 @@ class StepLog:
             temperature,
             torch.Generator().manual_seed(args.seed * 7919 + step),
             accelerator,
+            prefix=resolve_reply_prefix(args.reply_prefix, args.enable_think),
         )
         out = {"collapse/mi_seconds": time.perf_counter() - started}
         out.update({f"collapse/{key}": value for key, value in stats.items()})

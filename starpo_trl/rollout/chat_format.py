@@ -11,15 +11,21 @@ class ChatFormat:
     """Token ids of chat messages appended to an ongoing conversation, from the tokenizer's template.
 
     ``message_ids(msg)`` are the tokens that follow an assistant turn's end-of-turn token when ``msg``
-    comes next, up to and including the next assistant header: rendered once per message by
-    diffing two renders of a short fixed conversation. Templates that rewrite earlier turns
-    (not prefix-preserving) are patched with TRL's training template when one exists, else refused.
+    comes next, up to and including the next assistant header (then ``reply_prefix``'s tokens, when
+    set): rendered once per message by diffing two renders of a short fixed conversation. Templates
+    that rewrite earlier turns (not prefix-preserving) are patched with TRL's training template when
+    one exists, else refused. ``prompt_ids`` ends with the prefix's tokens too.
     """
 
     PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}]
 
-    def __init__(self, tokenizer, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT):
+    def __init__(
+        self, tokenizer, eos_token_ids: list[int], system_prompt: str | None = SYSTEM_PROMPT, reply_prefix: str = ""
+    ):
         self.tokenizer = tokenizer
+        # text every assistant turn starts with, written after the template's assistant header (prompt side)
+        self.reply_prefix = reply_prefix
+        self.reply_prefix_ids = tokenizer(reply_prefix, add_special_tokens=False)["input_ids"] if reply_prefix else []
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.eos_token_ids = list(eos_token_ids)
         self.eos_texts = [tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids]
@@ -79,7 +85,7 @@ class ChatFormat:
         template lists for tool calling."""
         messages = self.system + [{"role": "user", "content": user_content}]
         text = self._render(messages, add_generation_prompt=True, tools=tools)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + self.reply_prefix_ids
 
     def message_ids(self, message: dict | list[dict], tools: list[dict] | None = None) -> list[int]:
         """The tokens of ``message`` (or several in a row, e.g. tool results) after an assistant turn."""
@@ -93,4 +99,4 @@ class ChatFormat:
                 "prefix-preserving template (pass `chat_template=` to the tokenizer), e.g. TRL's training "
                 "templates in trl/chat_templates/."
             )
-        return self.tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"]
+        return self.tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"] + self.reply_prefix_ids

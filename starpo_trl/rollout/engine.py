@@ -5,8 +5,9 @@ For a batch of start states it resets the envs, then per turn:
 1. collects the token sequences of every still-active episode and generates all of them in ONE
    batched call of the generation backend;
 2. appends the sampled token ids verbatim (env mask 1, with their sampling logprobs);
-3. parses ``<think>...</think><answer>...</answer>``, splits the answer on ``||`` and steps the
-   env within the action budgets;
+3. parses ``<think>...</think><answer>...</answer>`` (after ``reply_prefix``, the text the prompt
+   opened the reply with, if any), splits the answer on ``||`` and steps the env within the action
+   budgets;
 4. appends the next user message (reward, state) as tokens rendered by the chat template for that
    message alone (env mask 0).
 
@@ -28,9 +29,11 @@ from starpo_trl.rollout.chat_format import ChatFormat
 from starpo_trl.rollout.env_runner import EnvCallError, EnvRunner
 from starpo_trl.rollout.prompting import (
     SYSTEM_PROMPT,
+    check_instruction_template,
     first_user_message,
     parse_reply,
     parse_tool_calls,
+    resolve_reply_prefix,
     turn_message,
 )
 from starpo_trl.rollout.shaping import ThinkShaping, turn_shaping_reward
@@ -108,6 +111,18 @@ class RolloutConfig:
     context_window: str = "full"  # full | window:K | single_turn
     # how a reply acts: <answer> tags split into actions, or tool calls (a reply without one ends the episode)
     action_format: str = "answer_tags"  # answer_tags | tool_call
+    # text every reply starts with, given in the prompt (not sampled, not trained): "auto" is <think> with
+    # thinking, else <answer> (RAGEN's forced opening tag); "" none
+    reply_prefix: str = ""
+    # the line that ends every user message; None: the paper's. May name {example_action} (the env's first action)
+    format_instruction: str | None = None
+    # a reply ends with the first token that completes one of these in its text (kept, as vLLM's
+    # include_stop_str_in_output); the tokens sampled after it are dropped and the turn is closed as a cut reply
+    stop_strings: tuple[str, ...] | list[str] | None = ()
+
+    def prefix_text(self) -> str:
+        """The reply prefix as text (``auto`` resolved)."""
+        return resolve_reply_prefix(self.reply_prefix, self.enable_think)
 
     def window_turns(self) -> int | None:
         """None for ``full``, else how many earlier turns the prompt keeps (``single_turn``: 0)."""
@@ -142,6 +157,20 @@ class _Live:
     observations: list[str] = field(default_factory=list)  # the observation before each turn
     tools: list[dict] | None = None  # tool_call format: the env's tool schemas
     tool_results: list[str] = field(default_factory=list)  # tool_call format: this turn's results, in call order
+
+
+def stop_index(tokenizer, ids: list[int], stop_strings) -> int:
+    """How many of a reply's tokens to keep: up to and including the first token at which the reply's text
+    holds one of ``stop_strings``; all of them when none occurs."""
+    if not stop_strings:
+        return len(ids)
+    if not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop_strings):
+        return len(ids)
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        if any(s in text for s in stop_strings):
+            return k
+    return len(ids)  # unreachable: the whole reply holds one
 
 
 def _error_text(err: Exception) -> str:
@@ -180,7 +209,9 @@ class RolloutEngine:
         self.backend = backend
         self.config = config
         self.eos_token_ids = list(eos_token_ids)
-        self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt)
+        check_instruction_template(config.format_instruction)
+        self.reply_prefix = config.prefix_text()
+        self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt, reply_prefix=self.reply_prefix)
         if config.action_format not in ("answer_tags", "tool_call"):
             raise ValueError(f"action_format must be 'answer_tags' or 'tool_call', got {config.action_format!r}")
         if config.action_format == "tool_call":
@@ -193,6 +224,10 @@ class RolloutEngine:
                 )
             if config.window_turns() is not None:
                 raise ValueError("action_format='tool_call' keeps the whole history: use context_window='full'.")
+            if self.reply_prefix:
+                raise ValueError(
+                    "reply_prefix opens <think>/<answer> replies: leave it empty with action_format='tool_call'."
+                )
         self.runner = EnvRunner(config.runner_mode(), config.env_step_timeout)
 
     def _open(self, start: StartState):
@@ -278,7 +313,9 @@ class RolloutEngine:
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content, tools=tools))
                 ep.messages.append({"role": "user", "content": content})
             elif error is None:
-                content = first_user_message(env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think)
+                content = first_user_message(
+                    env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think, cfg.format_instruction
+                )
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
                 ep.messages.append({"role": "user", "content": content})
             else:
@@ -298,7 +335,7 @@ class RolloutEngine:
 
         Each episode is limited by its own room only: the batch is generated to the largest limit
         and every reply cut to its episode's, so an episode's tokens do not depend on who shares its
-        batch. A backend with ``needs_envs = True`` (an expert that answers from the env's state,
+        batch; a reply is also cut after its first stop string (``stop_strings``). A backend with ``needs_envs = True`` (an expert that answers from the env's state,
         as the warm start's does) also gets ``turns``: each episode's env and actions left."""
         cfg = self.config
         extra = {"turns": [(s.env, s.actions_left) for s in states]} if getattr(backend, "needs_envs", False) else {}
@@ -315,6 +352,8 @@ class RolloutEngine:
         texts = []
         for ep, context, limit, (ids, logps) in zip(active, contexts, limits, outputs):
             ids, logps = ids[:limit], logps[:limit]
+            keep = stop_index(self.tokenizer, ids, cfg.stop_strings)
+            ids, logps = ids[:keep], logps[:keep]
             ep.reply_starts.append(len(ep.completion_ids))
             if cfg.window_turns() is not None:
                 ep.turn_prompts.append(context)
@@ -322,7 +361,7 @@ class RolloutEngine:
             ep.env_mask += [1] * len(ids)
             ep.logprobs += logps
             ep.turn_end_positions.append(len(ep.completion_ids) - 1)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            text = self.reply_prefix + self.tokenizer.decode(ids, skip_special_tokens=True)
             ep.messages.append({"role": "assistant", "content": text})
             texts.append(text)
         return texts
@@ -340,7 +379,12 @@ class RolloutEngine:
         first = turn - k  # the oldest turn in the window (0-based)
         head = self.chat.prompt_ids(
             first_user_message(
-                state.env, state.observations[first], cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think
+                state.env,
+                state.observations[first],
+                cfg.max_actions_per_turn,
+                cfg.max_turns,
+                cfg.enable_think,
+                cfg.format_instruction,
             )
         )
         tail = ep.completion_ids[ep.reply_starts[first] :] if k else []
@@ -363,7 +407,9 @@ class RolloutEngine:
             message_ids = self.chat.message_ids(new, tools=state.tools)
         else:
             actions_left = state.actions_left if self._named(state.env) else None
-            content = turn_message(turn + 1, state.obs, actions_left, reward, cfg.enable_think)
+            content = turn_message(
+                turn + 1, state.obs, actions_left, reward, cfg.enable_think, cfg.format_instruction, state.env
+            )
             new = [{"role": "user", "content": content}]
             message_ids = self.chat.message_ids(new[0])
         obs_ids = ([] if ended_by_eos else [self.eos_token_ids[0]]) + message_ids

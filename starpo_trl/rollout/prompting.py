@@ -9,6 +9,7 @@ reward and the new state. The model answers ``<think>...</think><answer>...</ans
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass, field
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -48,25 +49,92 @@ def _find_answer(text: str) -> str | None:
     return None if end < 0 else text[start + len("<answer>") : end]
 
 
-def format_instruction(enable_think: bool) -> str:
-    if enable_think:
-        return "Always output: <think> [your thoughts] </think> <answer> [your answer] </answer> with no extra text."
-    return "Always output: <answer> [your answer] </answer> with no extra text."
+INSTRUCTION_FIELDS = ("example_action",)  # what a custom format instruction may name in braces
 
 
-def first_user_message(env, observation: str, max_actions_per_turn: int, max_turns: int, enable_think: bool) -> str:
+def format_instruction(enable_think: bool, template: str | None = None, env=None) -> str:
+    """The line that ends every user message. ``template`` None: the paper's. Otherwise the template,
+    with ``{example_action}`` replaced by the env's first action name (envs with named actions only)."""
+    if template is None:
+        if enable_think:
+            return (
+                "Always output: <think> [your thoughts] </think> <answer> [your answer] </answer> with no extra text."
+            )
+        return "Always output: <answer> [your answer] </answer> with no extra text."
+    if "{example_action}" not in template:
+        return template.format()
+    env = env.unwrapped if hasattr(env, "unwrapped") else env
+    names = getattr(env, "action_names", None)
+    if not names:
+        raise ValueError(
+            f"format_instruction names {{example_action}}, but {type(env).__name__} has no named actions: "
+            "write the example into the instruction instead."
+        )
+    return template.format(example_action=names[0])
+
+
+def check_instruction_template(template: str | None) -> None:
+    """Refuse a format instruction that names a field other than ``{example_action}`` (or breaks braces)."""
+    if template is None:
+        return
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        raise ValueError(f"format_instruction {template!r} is not a valid template ({err}); write {{{{ for a brace.")
+    unknown = names - set(INSTRUCTION_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"format_instruction may name only {{example_action}} (the env's first action), got {sorted(unknown)}; "
+            "write {{ and }} for literal braces."
+        )
+
+
+def check_format_instruction(template: str | None, envs: list[tuple[str, dict]]) -> None:
+    """``check_instruction_template``, then, when it names ``{example_action}``, that each ``(env_id, kwargs)``
+    env has named actions (run before any model loads)."""
+    check_instruction_template(template)
+    if template is None or "{example_action}" not in template:
+        return
+    import gymnasium
+
+    for env_id, kwargs in envs:
+        env = gymnasium.make(env_id, **kwargs).unwrapped
+        names = getattr(env, "action_names", None)
+        env.close()
+        if names is None:
+            raise ValueError(
+                f"format_instruction names {{example_action}}, but {env_id} has no named actions: write the "
+                "example into the instruction instead."
+            )
+
+
+def first_user_message(
+    env,
+    observation: str,
+    max_actions_per_turn: int,
+    max_turns: int,
+    enable_think: bool,
+    instruction: str | None = None,
+) -> str:
+    """Turn 1's message; ``instruction``: a custom format instruction template (``format_instruction``)."""
     env = env.unwrapped if hasattr(env, "unwrapped") else env
     if env.action_names is not None:
         budget = f"You can make up to {max_actions_per_turn} actions per turn, separated by {ACTION_SEPARATOR}."
     else:
         budget = "Give one answer."
     return f"{env.instructions}\n{budget} You have at most {max_turns} turns.\n" + turn_message(
-        1, observation, actions_left=None, reward=None, enable_think=enable_think
+        1, observation, actions_left=None, reward=None, enable_think=enable_think, instruction=instruction, env=env
     )
 
 
 def turn_message(
-    turn: int, observation: str, actions_left: int | None, reward: float | None, enable_think: bool
+    turn: int,
+    observation: str,
+    actions_left: int | None,
+    reward: float | None,
+    enable_think: bool,
+    instruction: str | None = None,
+    env=None,
 ) -> str:
     parts = []
     if reward is not None:
@@ -74,8 +142,16 @@ def turn_message(
     parts.append(f"Turn {turn}:\nState:\n{observation}")
     if actions_left is not None:
         parts.append(f"You have {actions_left} actions left.")
-    parts.append(format_instruction(enable_think))
+    parts.append(format_instruction(enable_think, instruction, env))
     return "\n".join(parts)
+
+
+def resolve_reply_prefix(reply_prefix: str, enable_think: bool) -> str:
+    """``auto``: ``<think>`` with thinking, else ``<answer>`` (the tags RAGEN opens every reply with);
+    anything else as it is ("" : none)."""
+    if reply_prefix == "auto":
+        return "<think>" if enable_think else "<answer>"
+    return reply_prefix
 
 
 @dataclass

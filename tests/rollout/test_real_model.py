@@ -74,6 +74,39 @@ def test_real_model_episodes_are_exact_to_the_token(smollm2):
             )
 
 
+def test_real_model_replies_opened_by_the_prompt_are_exact_to_the_token(smollm2):
+    """``reply_prefix: auto`` on the real template: every prompt ends with the template's assistant header and
+    ``<answer>``; env spans decode to the rendered user message and the same opening; the sampled tokens after
+    it keep their logprobs; the messages hold the opening and the reply."""
+    _, tokenizer, model = smollm2
+    torch.manual_seed(2)
+    instruction = "Reply with only the name of the arm you pull, for example: <answer> {example_action} </answer>"
+    engine = _engine(
+        tokenizer,
+        model,
+        max_turns=2,
+        max_tokens_per_turn=10,
+        temperature=0.8,
+        enable_think=False,
+        reply_prefix="auto",
+        format_instruction=instruction,
+    )
+    episodes = engine.run([StartState("starpo/Bandit-v0", s) for s in (0, 0, 1)])
+    for ep in episodes:
+        assert tokenizer.decode(ep.prompt_ids).endswith(
+            "for example: <answer> Dragon </answer><|im_end|>\n<|im_start|>assistant\n<answer>"
+        )
+        assert_logprobs_match_a_forward_pass(model, ep, temperature=0.8, atol=2e-4)
+        users = [m["content"] for m in ep.messages if m["role"] == "user"][1:]
+        spans = [tokenizer.decode(ep.completion_ids[a:b]) for a, b in env_spans(ep)]
+        assert len(spans) == len(users) == ep.num_turns - 1
+        for text, content in zip(spans, users):
+            expected = f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n<answer>"
+            assert text.removeprefix("<|im_end|>") == expected
+        replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+        assert replies and all(r.startswith("<answer>") for r in replies)
+
+
 def test_real_model_truncation_keeps_masks_and_logprobs_exact(smollm2):
     _, tokenizer, model = smollm2
     torch.manual_seed(1)
