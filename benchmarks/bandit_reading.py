@@ -78,9 +78,8 @@ def probe(model, engine, env_kwargs: dict, pairs: list[tuple[str, str]], space_b
     from starpo_trl.warm_start import expert_reply
 
     tok = engine.tokenizer
-    prefix = (
-        engine.config.prefix_text()
-    )  # the prompt already ends with it (reply_prefix): the answer goes on from there
+    # the prompt already ends with the reply prefix (if any): the scored answer goes on from there
+    prefix = engine.config.prefix_text()
     rows = []
     for pair in pairs:
         sides = []

@@ -75,9 +75,9 @@ class ExpertBackend:
 
     def generate(self, sequences, max_new_tokens, temperature, turns=None):
         out = []
+        prefix = self.cfg.prefix_text()  # the prompt already holds it: each demonstration goes on from there
         for env, actions_left in turns:
             text = expert_reply(self._actions(env, actions_left), self.cfg.enable_think, self.space_before_answer)
-            prefix = self.cfg.prefix_text()  # the prompt already holds it: the demonstration goes on from there
             if not text.startswith(prefix):
                 raise ValueError(f"reply_prefix {prefix!r} does not open the expert's reply {text!r}")
             text = text[len(prefix) :]

@@ -335,8 +335,9 @@ class RolloutEngine:
 
         Each episode is limited by its own room only: the batch is generated to the largest limit
         and every reply cut to its episode's, so an episode's tokens do not depend on who shares its
-        batch; a reply is also cut after its first stop string (``stop_strings``). A backend with ``needs_envs = True`` (an expert that answers from the env's state,
-        as the warm start's does) also gets ``turns``: each episode's env and actions left."""
+        batch; a reply is also cut after its first stop string (``stop_strings``). A backend with
+        ``needs_envs = True`` (an expert that answers from the env's state, as the warm start's does)
+        also gets ``turns``: each episode's env and actions left."""
         cfg = self.config
         extra = {"turns": [(s.env, s.actions_left) for s in states]} if getattr(backend, "needs_envs", False) else {}
         limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(ep.completion_ids)) for ep in active]

@@ -66,8 +66,9 @@ def format_instruction(enable_think: bool, template: str | None = None, env=None
     env = env.unwrapped if hasattr(env, "unwrapped") else env
     names = getattr(env, "action_names", None)
     if not names:
+        name = env.spec.id if getattr(env, "spec", None) is not None else type(env).__name__
         raise ValueError(
-            f"format_instruction names {{example_action}}, but {type(env).__name__} has no named actions: "
+            f"format_instruction names {{example_action}}, but {name} has no named actions: "
             "write the example into the instruction instead."
         )
     return template.format(example_action=names[0])
@@ -98,14 +99,11 @@ def check_format_instruction(template: str | None, envs: list[tuple[str, dict]])
     import gymnasium
 
     for env_id, kwargs in envs:
-        env = gymnasium.make(env_id, **kwargs).unwrapped
-        names = getattr(env, "action_names", None)
-        env.close()
-        if names is None:
-            raise ValueError(
-                f"format_instruction names {{example_action}}, but {env_id} has no named actions: write the "
-                "example into the instruction instead."
-            )
+        env = gymnasium.make(env_id, **kwargs)
+        try:
+            format_instruction(False, template, env)  # raises, naming the env, when it has no named actions
+        finally:
+            env.close()
 
 
 def first_user_message(
