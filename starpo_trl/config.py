@@ -129,7 +129,8 @@ class StarPOConfig(GRPOConfig):
             has to continue it. Saved with the model, so `evaluate.py` plays as training did.
         format_instruction (`str` or `None`): the line that ends every user message, in place of
             the paper's "Always output: <answer> [your answer] </answer> with no extra text."; may
-            name `{example_action}` (the env's first action name, envs with named actions).
+            name `{example_action}` (the env's first action name) and `{actions}` (its action names:
+            `{actions}` lists them, `{actions[i]}` names one), for envs with named actions.
         stop_strings (`list[str]` or `None`): a reply ends with the first token that completes one of
             these in its text (kept, as vLLM's `include_stop_str_in_output`); what was sampled after
             it is dropped and the turn closed with the end-of-turn token, as a reply cut at
@@ -303,7 +304,9 @@ class StarPOConfig(GRPOConfig):
     )
     format_instruction: str | None = field(
         default=None,
-        metadata={"help": "The format line ending each user message (may name {example_action}); None: the paper's."},
+        metadata={
+            "help": "The format line ending each user message (may name {example_action}, {actions}); None: the paper's."
+        },
     )
     stop_strings: list[str] | None = field(
         default=None, metadata={"help": "A reply ends after the first of these it writes (kept), e.g. </answer>."}
@@ -543,7 +546,8 @@ class StarPOConfig(GRPOConfig):
             )
 
     def _check_format_instruction(self) -> None:
-        """The instruction template names only ``{example_action}``, and then every env has named actions."""
+        """The instruction template names only ``{example_action}`` / ``{actions}``, and then every env has named
+        actions (enough for each ``{actions[i]}``)."""
         from starpo_trl.rollout.prompting import check_format_instruction
 
         envs = [*self.train_envs(), *self.eval_envs()]

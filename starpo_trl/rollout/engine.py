@@ -114,7 +114,7 @@ class RolloutConfig:
     # text every reply starts with, given in the prompt (not sampled, not trained): "auto" is <think> with
     # thinking, else <answer> (RAGEN's forced opening tag); "" none
     reply_prefix: str = ""
-    # the line that ends every user message; None: the paper's. May name {example_action} (the env's first action)
+    # the line that ends every user message; None: the paper's. May name {example_action}, {actions}
     format_instruction: str | None = None
     # a reply ends with the first token that completes one of these in its text (kept, as vLLM's
     # include_stop_str_in_output); the tokens sampled after it are dropped and the turn is closed as a cut reply

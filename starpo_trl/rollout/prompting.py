@@ -49,59 +49,80 @@ def _find_answer(text: str) -> str | None:
     return None if end < 0 else text[start + len("<answer>") : end]
 
 
-INSTRUCTION_FIELDS = ("example_action",)  # what a custom format instruction may name in braces
+INSTRUCTION_FIELDS = ("example_action", "actions")  # what a custom format instruction may name in braces
+
+
+class ActionNames(list):
+    """The env's action names as an instruction field: ``{actions}`` lists them ("Up, Down, Left"),
+    ``{actions[1]}`` names one."""
+
+    def __format__(self, spec: str) -> str:
+        return format(", ".join(self), spec)
+
+
+def _template_fields(template: str) -> set[str]:
+    """The base names of the fields a template names (``actions`` for ``{actions[1]}``)."""
+    names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    return {re.split(r"[.\[]", name, maxsplit=1)[0] for name in names}
 
 
 def format_instruction(enable_think: bool, template: str | None = None, env=None) -> str:
     """The line that ends every user message. ``template`` None: the paper's. Otherwise the template,
-    with ``{example_action}`` replaced by the env's first action name (envs with named actions only)."""
+    with ``{example_action}`` replaced by the env's first action name and ``{actions}`` by its action
+    names (``{actions[i]}``: the i-th; envs with named actions only)."""
     if template is None:
         if enable_think:
             return (
                 "Always output: <think> [your thoughts] </think> <answer> [your answer] </answer> with no extra text."
             )
         return "Always output: <answer> [your answer] </answer> with no extra text."
-    if "{example_action}" not in template:
+    if not _template_fields(template):
         return template.format()
     env = env.unwrapped if hasattr(env, "unwrapped") else env
     names = getattr(env, "action_names", None)
+    name = env.spec.id if getattr(env, "spec", None) is not None else type(env).__name__
     if not names:
-        name = env.spec.id if getattr(env, "spec", None) is not None else type(env).__name__
         raise ValueError(
-            f"format_instruction names {{example_action}}, but {name} has no named actions: "
+            f"format_instruction names {sorted(_template_fields(template))}, but {name} has no named actions: "
             "write the example into the instruction instead."
         )
-    return template.format(example_action=names[0])
+    try:
+        return template.format(example_action=names[0], actions=ActionNames(names))
+    except IndexError:
+        raise ValueError(
+            f"format_instruction {template!r} indexes past {name}'s {len(names)} actions ({', '.join(names)})."
+        ) from None
 
 
 def check_instruction_template(template: str | None) -> None:
-    """Refuse a format instruction that names a field other than ``{example_action}`` (or breaks braces)."""
+    """Refuse a format instruction that names a field other than ``{example_action}`` and ``{actions}``
+    (or breaks braces)."""
     if template is None:
         return
     try:
-        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        names = _template_fields(template)
     except ValueError as err:
         raise ValueError(f"format_instruction {template!r} is not a valid template ({err}); write {{{{ for a brace.")
     unknown = names - set(INSTRUCTION_FIELDS)
     if unknown:
         raise ValueError(
-            f"format_instruction may name only {{example_action}} (the env's first action), got {sorted(unknown)}; "
-            "write {{ and }} for literal braces."
+            f"format_instruction may name only {{example_action}} (the env's first action) and {{actions}} (its "
+            f"action names; {{actions[i]}}: the i-th), got {sorted(unknown)}; write {{{{ and }}}} for literal braces."
         )
 
 
 def check_format_instruction(template: str | None, envs: list[tuple[str, dict]]) -> None:
-    """``check_instruction_template``, then, when it names ``{example_action}``, that each ``(env_id, kwargs)``
-    env has named actions (run before any model loads)."""
+    """``check_instruction_template``, then, when it names a field, that each ``(env_id, kwargs)`` env has
+    named actions, enough for any ``{actions[i]}`` (run before any model loads)."""
     check_instruction_template(template)
-    if template is None or "{example_action}" not in template:
+    if template is None or not _template_fields(template):
         return
     import gymnasium
 
     for env_id, kwargs in envs:
         env = gymnasium.make(env_id, **kwargs)
         try:
-            format_instruction(False, template, env)  # raises, naming the env, when it has no named actions
+            format_instruction(False, template, env)  # raises, naming the env, without (enough) named actions
         finally:
             env.close()
 

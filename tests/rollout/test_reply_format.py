@@ -101,6 +101,30 @@ def test_format_instruction_replaces_the_format_line_and_names_the_first_action(
         format_instruction(False, template, gym.make("starpo/Countdown-v0").unwrapped)
 
 
+def test_actions_field_lists_and_indexes_the_names_of_each_episodes_env(tiny_tokenizer, scripted):
+    """``{actions}`` and ``{actions[i]}`` follow the pair each episode draws (the user message is rendered
+    after reset), so mirrored seeds show the same line; an index past the env's actions is refused."""
+    pairs = (("Dragon", "Phoenix"), ("Lion", "Eagle"), ("Ruby", "Pearl"))
+    kwargs = (("arm_names", pairs), ("expected_reward", True), ("mirror_seeds", True))
+    template = "Pull one of {actions}: <answer>{actions[0]}</answer> or <answer>{actions[1]}</answer>"
+    eps = engine(
+        tiny_tokenizer, scripted("<answer>Up</answer>"), max_turns=1, enable_think=False, format_instruction=template
+    ).run([StartState("starpo/Bandit-v0", seed, kwargs) for seed in range(6)])
+    env = gym.make("starpo/Bandit-v0", **dict(kwargs)).unwrapped
+    lines = []
+    for seed, ep in enumerate(eps):
+        env.reset(seed=seed)
+        a, b = env.action_names
+        user = next(m["content"] for m in ep.messages if m["role"] == "user")
+        assert user.endswith(f"Pull one of {a}, {b}: <answer>{a}</answer> or <answer>{b}</answer>")
+        lines.append(user.splitlines()[-1])
+    assert len(set(lines)) > 1 and all(lines[k] == lines[k + 1] for k in (0, 2, 4))  # pairs vary; mirrors agree
+    with pytest.raises(ValueError, match="indexes past starpo/Bandit-v0's 2 actions"):
+        format_instruction(False, "<answer>{actions[2]}</answer>", env)
+    with pytest.raises(ValueError, match="no named actions"):
+        format_instruction(False, "One of {actions}", gym.make("starpo/Countdown-v0").unwrapped)
+
+
 @pytest.mark.parametrize(
     "template, message",
     [("Answer {answer}", "may name only {example_action}"), ("Broken {", "not a valid template"), ("{0}", "only")],
@@ -109,6 +133,7 @@ def test_a_bad_instruction_template_is_refused(template, message):
     with pytest.raises(ValueError, match=message):
         check_instruction_template(template)
     check_instruction_template("Use <answer> {example_action} </answer>, {{braces}} kept")
+    check_instruction_template("One of {actions}: <answer>{actions[0]}</answer>")
 
 
 def test_bad_prefix_and_instruction_settings_fail_before_any_model_loads(tmp_path):
@@ -120,6 +145,8 @@ def test_bad_prefix_and_instruction_settings_fail_before_any_model_loads(tmp_pat
         )
     with pytest.raises(ValueError, match="may name only"):
         make_args(tmp_path, format_instruction="<answer> {action} </answer>")
+    with pytest.raises(ValueError, match="indexes past starpo/Bandit-v0's 2 actions"):
+        make_args(tmp_path, env_id="starpo/Bandit-v0", format_instruction="<answer>{actions[2]}</answer>")
     with pytest.raises(ValueError, match="reply_prefix"):
         make_args(tmp_path, action_format="tool_call", reply_prefix="auto")
     args = make_args(tmp_path, reply_prefix="auto", format_instruction="e.g. <answer> {example_action} </answer>")
