@@ -17,6 +17,7 @@ that were sampled. The engine needs no Trainer: give it a tokenizer and a backen
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -89,7 +90,8 @@ class GenerationBackend(Protocol):
     ) -> list[tuple[list[int], list[float]]]:
         """Continue each token sequence; return ``(new token ids, their sampling logprobs)`` per sequence.
 
-        Generation of a sequence stops after an end-of-turn token, which is included.
+        Generation of a sequence stops after an end-of-turn token, which is included. A backend that
+        sets ``stops_rows = True`` also takes ``done(i, ids)`` and stops row ``i`` once it holds.
         """
         ...
 
@@ -171,6 +173,14 @@ def stop_index(tokenizer, ids: list[int], stop_strings) -> int:
         if any(s in text for s in stop_strings):
             return k
     return len(ids)  # unreachable: the whole reply holds one
+
+
+def _reply_done(tokenizer, limits: list[int], stop_strings: tuple[str, ...], i: int, ids: list[int]) -> bool:
+    """Row ``i``'s reply ``ids`` is complete: it reached its episode's token limit or its text holds a stop
+    string (checked after every sampled token, so it first holds at the token ``stop_index`` keeps last)."""
+    if len(ids) >= limits[i]:
+        return True
+    return bool(stop_strings) and any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop_strings)
 
 
 def _error_text(err: Exception) -> str:
@@ -336,11 +346,15 @@ class RolloutEngine:
         Each episode is limited by its own room only: the batch is generated to the largest limit
         and every reply cut to its episode's, so an episode's tokens do not depend on who shares its
         batch; a reply is also cut after its first stop string (``stop_strings``). A backend with
+        ``stops_rows = True`` (the HF backend) also gets ``done(i, ids)``, true once row ``i``'s reply
+        is complete by these two rules, to stop sampling a row (and the call) there. A backend with
         ``needs_envs = True`` (an expert that answers from the env's state, as the warm start's does)
         also gets ``turns``: each episode's env and actions left."""
         cfg = self.config
         extra = {"turns": [(s.env, s.actions_left) for s in states]} if getattr(backend, "needs_envs", False) else {}
         limits = [min(cfg.max_tokens_per_turn, cfg.max_episode_tokens - len(ep.completion_ids)) for ep in active]
+        if getattr(backend, "stops_rows", False):
+            extra["done"] = functools.partial(_reply_done, self.tokenizer, limits, tuple(cfg.stop_strings or ()))
         t0 = time.perf_counter()
         contexts = [self._context(ep, state) for ep, state in zip(active, states)]
         outputs = backend.generate(

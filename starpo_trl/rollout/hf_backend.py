@@ -64,11 +64,17 @@ class HFBackend:
     of every rollout: kept values belong to the weights they were computed with. With the same cache
     layout, identical new sequences (the copies of a start state in a group) are read once and shared.
 
+    With ``done`` (the engine's rule for a complete reply: its episode's token limit, a stop string),
+    each row stops sampling there and the call ends when every row has; the reply returned and
+    its kept cache are the cut one, so the next turn hits the cache after a cut reply too.
+
     Each call's cache is allocated once for its full length (kept history + new tokens + the token
     limit, ``_CallLayer``) and written in place: ``DynamicCache`` appends by concatenation, copying
     the whole cache for every sampled token (on SmolLM2-135M, 64 rows with 1,200 cached tokens:
     0.64-0.73 s per decode step against 0.79-1.04 s).
     """
+
+    stops_rows = True  # the engine passes ``done``: each row stops at its own limit / stop string
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], reuse_cache: bool = True):
         self.model = model
@@ -77,6 +83,7 @@ class HFBackend:
         self.full_attention = _full_attention(model)
         self.reuse_cache = reuse_cache and self.full_attention
         self.prefill_tokens = 0  # tokens run through the model before sampling, over all calls
+        self.decode_steps = 0  # sampling steps (batched), over all calls
         self._kept: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
 
     def reset(self) -> None:
@@ -96,8 +103,10 @@ class HFBackend:
         return found
 
     @torch.no_grad()
-    def generate(self, sequences, max_new_tokens, temperature):
-        from transformers import GenerationConfig, LogitsProcessorList
+    def generate(self, sequences, max_new_tokens, temperature, done=None):
+        """``done(i, ids)``: row ``i``'s reply ``ids`` is complete (its token limit, a stop string): the row
+        stops there and its reply ends with that token, and the call ends when every row has."""
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         device = next(self.model.parameters()).device
         kept = self._match(sequences) if self.reuse_cache else [None] * len(sequences)
@@ -123,6 +132,7 @@ class HFBackend:
         own = self.model.generation_config
         self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
         record = _SampledLogprobs(1.0 if greedy else temperature)
+        rows_done = _RowsDone(done, ls, self.eos_token_ids) if done is not None else None
         try:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
@@ -130,17 +140,21 @@ class HFBackend:
                 **{CACHE_KEY: past},
                 generation_config=sampling_config(max_new_tokens, temperature, self.eos_token_ids, self.pad_token_id),
                 logits_processor=LogitsProcessorList([record]),
+                stopping_criteria=StoppingCriteriaList([rows_done] if rows_done else []),
             )
         finally:
             self.model.generation_config = own
         if was_training:
             self.model.train()
         new_tokens = out.sequences[:, ls:]
+        self.decode_steps += new_tokens.shape[1]
         logps = record.finish(new_tokens[:, -1])
         results = []
         eos = set(self.eos_token_ids)
-        for row, lp in zip(new_tokens.tolist(), logps.tolist()):
+        for i, (row, lp) in enumerate(zip(new_tokens.tolist(), logps.tolist())):
             end = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+            if rows_done is not None:
+                end = min(end, rows_done.ends.get(i, end))
             results.append((row[:end], lp[:end]))
         if self.reuse_cache:
             self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY])
@@ -283,6 +297,23 @@ class _CallLayer(DynamicLayer):
     def reset(self) -> None:
         self.free()
         self.length, self.is_initialized = 0, False
+
+
+class _RowsDone:
+    """A stopping criterion: row ``i`` is done once ``done(i, its new tokens)`` holds or it wrote an end-of-turn
+    token (``ends[i]``: its reply's length then). ``generate`` pads a done row from there on and stops when
+    all are, so a batch whose replies all hit a stop string is not sampled on to the token limit, and the
+    reply kept (with its cache) is exactly the cut one."""
+
+    def __init__(self, done, start: int, eos_token_ids: list[int]):
+        self.done, self.start, self.eos = done, start, set(eos_token_ids)
+        self.ends: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        for i, row in enumerate(input_ids[:, self.start :].tolist()):
+            if i not in self.ends and (row[-1] in self.eos or self.done(i, row)):
+                self.ends[i] = len(row)
+        return torch.tensor([i in self.ends for i in range(len(input_ids))], device=input_ids.device)
 
 
 class _SampledLogprobs:

@@ -217,6 +217,30 @@ def test_sampled_replies_cut_at_stop_strings_keep_exact_logprobs(tiny_tokenizer,
     assert cut >= 3
 
 
+def test_hf_rows_stop_at_their_stop_string_and_the_next_turn_reuses_their_cache(tiny_tokenizer, tiny_model):
+    """Each row stops sampling at its stop string (the call when all have), and its kept cache is the cut
+    reply's, so every later turn feeds only the reply's last token and the env message: counted by hand."""
+    torch.manual_seed(5)
+    backend = HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [tiny_tokenizer.eos_token_id])
+    stops = ["e", "a"]
+    eps = engine(tiny_tokenizer, backend, max_turns=3, max_tokens_per_turn=16, stop_strings=stops).run(
+        [LAKE, LAKE, StartState("starpo/Sokoban-v0", 1)]
+    )
+    replies = [[ep.completion_ids[a : b + 1] for a, b in zip(ep.reply_starts, ep.turn_end_positions)] for ep in eps]
+    calls = max(len(r) for r in replies)
+    assert backend.decode_steps == sum(max(len(r[t]) for r in replies if len(r) > t) for t in range(calls))
+    assert backend.decode_steps < 16 * calls  # no call was sampled on to the token limit
+    # the two copies of LAKE's first prompt are read once but their last token, which each copy feeds
+    first = len(eps[0].prompt_ids) - 1 + 2 + len(eps[2].prompt_ids)
+    later = sum(1 + (a - b - 1) for ep in eps for a, b in zip(ep.reply_starts[1:], ep.turn_end_positions))
+    assert backend.prefill_tokens == first + later
+    assert sum(len(r) for r in replies) > len(eps) and later > 0  # some episodes went on after a cut reply
+    for ep in eps:
+        assert_logprobs_match_a_forward_pass(tiny_model, ep, temperature=1.0)
+        for reply in (ep.completion_ids[a : b + 1] for a, b in zip(ep.reply_starts, ep.turn_end_positions)):
+            assert not any(s in tiny_tokenizer.decode(reply[:-1], skip_special_tokens=True) for s in stops)
+
+
 def test_stop_strings_are_checked_before_any_model_loads_and_saved_for_evaluate(tmp_path):
     from helpers import make_args
 
