@@ -161,26 +161,26 @@ class _Live:
     tool_results: list[str] = field(default_factory=list)  # tool_call format: this turn's results, in call order
 
 
+def holds_stop_string(tokenizer, ids: list[int], stop_strings) -> bool:
+    """The text of ``ids`` (special tokens left out) holds one of ``stop_strings``."""
+    if not stop_strings:
+        return False
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    return any(s in text for s in stop_strings)
+
+
 def stop_index(tokenizer, ids: list[int], stop_strings) -> int:
     """How many of a reply's tokens to keep: up to and including the first token at which the reply's text
     holds one of ``stop_strings``; all of them when none occurs."""
-    if not stop_strings:
+    if not holds_stop_string(tokenizer, ids, stop_strings):
         return len(ids)
-    if not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop_strings):
-        return len(ids)
-    for k in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
-        if any(s in text for s in stop_strings):
-            return k
-    return len(ids)  # unreachable: the whole reply holds one
+    return next(k for k in range(1, len(ids) + 1) if holds_stop_string(tokenizer, ids[:k], stop_strings))
 
 
 def _reply_done(tokenizer, limits: list[int], stop_strings: tuple[str, ...], i: int, ids: list[int]) -> bool:
     """Row ``i``'s reply ``ids`` is complete: it reached its episode's token limit or its text holds a stop
     string (checked after every sampled token, so it first holds at the token ``stop_index`` keeps last)."""
-    if len(ids) >= limits[i]:
-        return True
-    return bool(stop_strings) and any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop_strings)
+    return len(ids) >= limits[i] or holds_stop_string(tokenizer, ids, stop_strings)
 
 
 def _error_text(err: Exception) -> str:
