@@ -184,9 +184,11 @@ class StarPOConfig(GRPOConfig):
         > Advantages and the critic
 
         advantage_estimator (`str`, `"grpo"`): `grpo` (group mean/std), `rloo` (leave-one-out
-            baseline), `gae` (critic, token-level GAE over model tokens), `bilevel_gae` (GAE across
-            turns with `turn_gamma`, then token-level GAE inside each turn), `turn_gae` (every token
-            of a turn gets its turn's advantage).
+            baseline), `reinforce_pp` (REINFORCE++: batch mean/std, so a group whose rewards agree
+            still learns against the rest of the batch; needs `scale_rewards` `batch` or `none`),
+            `gae` (critic, token-level GAE over model tokens), `bilevel_gae` (GAE across turns with
+            `turn_gamma`, then token-level GAE inside each turn), `turn_gae` (every token of a turn
+            gets its turn's advantage).
         gamma / lam (`float`, 1.0 / 1.0): token-level GAE discount and lambda (paper: 1.0 / 1.0).
         turn_gamma (`float`, 0.95) / turn_lambda (`float` or `None` = `lam`): turn-level GAE.
         use_turn_rewards (`bool`, False): put each turn's reward on its last model token instead of
@@ -351,7 +353,9 @@ class StarPOConfig(GRPOConfig):
         default=5, metadata={"help": "Stop after this many steps in a row whose filter kept nothing."}
     )
 
-    advantage_estimator: str = field(default="grpo", metadata={"help": "grpo, rloo, gae, bilevel_gae or turn_gae."})
+    advantage_estimator: str = field(
+        default="grpo", metadata={"help": "grpo, rloo, reinforce_pp, gae, bilevel_gae or turn_gae."}
+    )
     gamma: float = field(default=1.0, metadata={"help": "Token-level GAE discount."})
     lam: float = field(default=1.0, metadata={"help": "Token-level GAE lambda."})
     turn_gamma: float = field(default=0.95, metadata={"help": "Turn-level discount of bi-level GAE."})
@@ -613,6 +617,11 @@ class StarPOConfig(GRPOConfig):
     def _check_training_settings(self) -> None:
         """Advantage estimator, reward normalisation, collapse guard, reasoning shaping, critic, vLLM LoRA sync, loss."""
         get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
+        if self.advantage_estimator == "reinforce_pp" and self.scale_rewards not in ("batch", "none", False):
+            raise ValueError(
+                f"advantage_estimator='reinforce_pp' takes its baseline and std over the whole batch: set "
+                f"scale_rewards to 'batch' or 'none' (got {self.scale_rewards!r})."
+            )
         if self.reward_normalization not in ("identity", "mean", "mean_std", "asym_clip"):
             raise ValueError(
                 f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}"

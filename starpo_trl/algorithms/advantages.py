@@ -1,5 +1,6 @@
-"""Advantage estimators and reward shaping as pure tensor functions: GRPO / RLOO group advantages,
-reward normalisation, GAE over model tokens and the bi-level (turn, token) GAE.
+"""Advantage estimators and reward shaping as pure tensor functions: GRPO / RLOO group advantages, the
+batch-mean (REINFORCE++) baseline, reward normalisation, GAE over model tokens and the bi-level (turn,
+token) GAE.
 
 Rewards arrive as a flat tensor of ``num_groups * group_size`` trajectory rewards, grouped
 consecutively (trajectories ``[g * G, (g + 1) * G)`` share start state ``g``). A NaN reward marks
@@ -40,6 +41,24 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     count = valid.sum(dim=1, keepdim=True) - valid.long()
     others = (filled.sum(dim=1, keepdim=True) - filled) / count.clamp(min=1)
     return torch.where(valid & (count > 0), grouped - others, torch.zeros_like(grouped)).reshape(-1)
+
+
+def batch_mean_advantages(rewards: torch.Tensor, scale: str = "batch", eps: float = 1e-4) -> torch.Tensor:
+    """REINFORCE++'s global baseline: reward minus the mean over the whole kept batch, divided by the
+    batch std (``scale="batch"``) or nothing (``"none"``), one advantage per trajectory (REINFORCE++
+    whitens per token, which weighs long replies more). Unlike GRPO, a group whose rewards all agree
+    still gets a gradient when the rest of the batch differs: under mirrored start states, a pair
+    answered the same way in both mirrors gives +a in one and -b in the other. A NaN reward (failed
+    episode) is left out of the mean and std and gets 0. (N,) -> (N,)."""
+    if scale not in ("batch", "none"):
+        raise ValueError(
+            f"the batch-mean baseline scales over the batch: scale_rewards must be 'batch' or 'none', got {scale!r}"
+        )
+    view = rewards.view(1, -1)
+    diff = centred(view).reshape(-1)
+    if scale == "batch":
+        diff = diff / (torch.nan_to_num(nanstd(rewards, dim=0), nan=0.0) + eps)
+    return torch.nan_to_num(diff, nan=0.0)
 
 
 def reward_normalization_terms(

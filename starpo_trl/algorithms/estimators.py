@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from starpo_trl.algorithms.advantages import (
+    batch_mean_advantages,
     bilevel_gae,
     grpo_advantages,
     masked_gae,
@@ -68,6 +69,11 @@ def _grpo(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
 @register_advantage_estimator("rloo")
 def _rloo(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
     return rloo_advantages(rewards, group_size)
+
+
+@register_advantage_estimator("reinforce_pp")
+def _reinforce_pp(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
+    return batch_mean_advantages(rewards, scale)
 
 
 @register_advantage_estimator("gae", critic=True)

@@ -38,3 +38,72 @@ def test_score_rollout_by_hand():
     assert critic_turn_rewards(
         [[0.25, 0.75], [0.0]], scored.rewards[scored.keep], scored.kept_rewards, slice(0, 2), 2, args
     ) == [[0.25, 0.75], [0.0]]
+
+
+def test_rloo_by_hand():
+    """Groups of 3: [1, 0, 0] -> 1 - 0, 0 - 0.5, 0 - 0.5; [1, NaN (failed), 0] -> 1 - 0, 0 (left out), 0 - 1."""
+    from starpo_trl.algorithms.advantages import rloo_advantages
+
+    adv = rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, float("nan"), 0.0]), 3)
+    assert torch.allclose(adv, torch.tensor([1.0, -0.5, -0.5, 1.0, 0.0, -1.0]))
+
+
+def test_reinforce_pp_gives_locked_mirrored_groups_a_gradient_where_grpo_gives_none():
+    """Two mirrored start states answered the same way in both (rewards [1, 1] and [0, 0]) and a third
+    group [1, 0]: GRPO gives the two agreeing groups exactly 0; the batch-mean baseline (mean 0.5,
+    unbiased std over the six rewards sqrt(1.5 / 5)) gives them +-0.5 / (std + 1e-4)."""
+    from helpers import filter_settings
+
+    from starpo_trl.algorithms.advantages import batch_mean_advantages
+    from starpo_trl.algorithms.scoring import score_rollout
+
+    rewards = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    args = filter_settings(
+        env_error_policy="exclude",
+        env_failure_reward=0.0,
+        rollout_filter_ratio=1.0,
+        reward_normalization="identity",
+        reward_norm_scope="group",
+        advantage_estimator="grpo",
+        use_turn_rewards=False,
+    )
+    failed = torch.zeros(6, dtype=torch.bool)
+    grpo = score_rollout(rewards, failed, 2, args, scale_rewards="batch").advantages
+    assert grpo[:4].tolist() == [0.0, 0.0, 0.0, 0.0] and grpo[4] > 0
+    args.advantage_estimator = "reinforce_pp"
+    scored = score_rollout(rewards, failed, 2, args, scale_rewards="batch")
+    a = 0.5 / (math.sqrt(1.5 / 5) + 1e-4)
+    assert torch.allclose(scored.advantages, torch.tensor([a, a, -a, -a, a, -a]), atol=1e-6)
+    assert torch.allclose(
+        score_rollout(rewards, failed, 2, args, scale_rewards="none").advantages,
+        torch.tensor([0.5, 0.5, -0.5, -0.5, 0.5, -0.5]),
+    )
+    # a failed episode is out of the mean and std and gets 0: [1, NaN, 0] -> mean 0.5, std sqrt(0.5)
+    adv = batch_mean_advantages(torch.tensor([1.0, float("nan"), 0.0]), "batch")
+    b = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert torch.allclose(adv, torch.tensor([b, 0.0, -b]), atol=1e-6)
+    # a batch whose rewards all agree gives exactly 0, not rounding noise
+    assert batch_mean_advantages(torch.full((4,), 2.4146361351013184), "batch").tolist() == [0.0] * 4
+
+
+def test_reinforce_pp_refuses_per_group_scaling_before_any_model_loads():
+    import pytest
+
+    from starpo_trl import StarPOConfig
+
+    with pytest.raises(ValueError, match="scale_rewards to 'batch' or 'none'"):
+        StarPOConfig(
+            output_dir="/tmp/x",
+            env_id="starpo/Bandit-v0",
+            advantage_estimator="reinforce_pp",
+            scale_rewards="group",
+            use_cpu=True,
+        )
+    args = StarPOConfig(
+        output_dir="/tmp/x",
+        env_id="starpo/Bandit-v0",
+        advantage_estimator="reinforce_pp",
+        scale_rewards="batch",
+        use_cpu=True,
+    )
+    assert args.advantage_estimator == "reinforce_pp"

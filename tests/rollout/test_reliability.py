@@ -17,7 +17,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 class FlakyEnv(SokobanEnv):
     """Sokoban whose seed decides how it misbehaves: seeds 101, 102, 103, 104 raise in reset, raise in
-    step, sleep in step, pay NaN; other seeds (the config's pre-flight check uses 0 and 1) are fine."""
+    step, sleep in step (3 s, three times the tests' 1 s timeout), pay NaN; other seeds (the config's
+    pre-flight check uses 0 and 1) are fine. The timeout leaves a healthy env's call (a fork, gym.make,
+    a step) a whole second, so a loaded machine does not time it out."""
 
     def reset(self, *, seed=None, options=None):
         self.mode = seed % 10 if seed is not None and seed > 100 else 0
@@ -29,7 +31,7 @@ class FlakyEnv(SokobanEnv):
         if self.mode == 2:
             raise RuntimeError("step failed")
         if self.mode == 3:
-            time.sleep(0.5)
+            time.sleep(3.0)
         obs, r, term, trunc, info = super().step(action)
         return obs, (float("nan") if self.mode == 4 else r), term, trunc, info
 
@@ -47,13 +49,13 @@ gym.register("starpo/TestNaN-v0", entry_point=NaNEnv, disable_env_checker=True, 
 
 
 def test_failing_envs_end_only_their_own_episode(tiny_tokenizer, scripted):
-    cfg = RolloutConfig(max_turns=3, env_step_timeout=0.2)
+    cfg = RolloutConfig(max_turns=3, env_step_timeout=1.0)
     engine = RolloutEngine(
         tiny_tokenizer, scripted("<think>x</think><answer>Up||Left</answer>"), cfg, [tiny_tokenizer.eos_token_id]
     )
     start = time.time()
     eps = engine.run([StartState("starpo/TestFlaky-v0", s) for s in (110, 101, 102, 103, 104, 120)])
-    assert time.time() - start < 3
+    assert time.time() - start < 3 * 3.0  # the slow env's three 3 s steps did not all run
     errors = [ep.env_error for ep in eps]
     assert errors[0] is None and errors[5] is None and eps[0].num_turns >= 1
     assert "reset failed" in errors[1] and "step failed" in errors[2]
@@ -86,7 +88,8 @@ def test_hung_envs_are_killed_concurrently_and_leave_nothing_behind(tiny_tokeniz
 
     threads_before = {t.name for t in threading.enumerate()} | {"tqdm_monitor"}  # tqdm starts its monitor once
     children_before = {p.pid for p in multiprocessing.active_children()}
-    cfg = RolloutConfig(max_turns=2, env_step_timeout=0.5)
+    timeout = 1.0  # a healthy call (fork, gym.make, reset, step) has a whole second even on a loaded machine
+    cfg = RolloutConfig(max_turns=2, env_step_timeout=timeout)
     engine = RolloutEngine(
         tiny_tokenizer, scripted("<think>x</think><answer>Up</answer>"), cfg, [tiny_tokenizer.eos_token_id]
     )
@@ -94,12 +97,12 @@ def test_hung_envs_are_killed_concurrently_and_leave_nothing_behind(tiny_tokeniz
     start = time.perf_counter()
     eps = engine.run([StartState("starpo/TestHanging-v0", s) for s in seeds])
     wall = time.perf_counter() - start
-    # the timeouts overlap (one reset wave, one step wave), instead of adding up to 6 x 0.5 s
-    assert wall < 2.5, wall
+    # the timeouts overlap (one reset wave, one step wave: about 2 s), instead of adding up to 6 x 1 s
+    assert wall < 4.5 * timeout, wall
     assert [("Timeout" in (ep.env_error or "")) for ep in eps] == [True] * 6 + [False] * 2
     assert eps[6].num_turns == eps[7].num_turns == 2
     # env time is the time really spent waiting on envs, not the bookkeeping around them
-    assert 1.0 <= eps.timings["env"] <= wall
+    assert 2 * timeout <= eps.timings["env"] <= wall
     # nothing of a hung env is left running: its worker process is gone, no thread waits on it
     pids = [w.process.pid for w in engine.runner._idle]
     assert len(pids) == 2  # only the two healthy workers are kept for the next rollout
@@ -121,7 +124,7 @@ def test_hung_envs_are_killed_concurrently_and_leave_nothing_behind(tiny_tokeniz
     # and the next rollout runs at full speed with fresh workers
     start = time.perf_counter()
     again = engine.run([StartState("starpo/TestHanging-v0", s) for s in (110, 120)])
-    assert time.perf_counter() - start < 1.0 and all(ep.env_error is None for ep in again)
+    assert time.perf_counter() - start < 2 * timeout and all(ep.env_error is None for ep in again)
     engine.close()
 
 
@@ -156,7 +159,7 @@ def _args(tmp_path, **kw):
         save_strategy="no",
         disable_tqdm=True,
         seed=0,
-        env_step_timeout=0.2,
+        env_step_timeout=1.0,
     )
     base.update(kw)
     return StarPOConfig(**base)
