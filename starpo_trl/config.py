@@ -215,6 +215,13 @@ class StarPOConfig(GRPOConfig):
         max_empty_steps (`int`, 5): a step whose kept batch holds no model token (every kept episode
             failed in `reset`) is skipped: no optimizer update, `rollout/empty_step` logged as 1. After
             this many such steps in a row training stops with an error.
+        skip_zero_advantage_steps (`bool`, False): a step whose kept episodes all have advantage
+            exactly 0 (every group agreed, or with `reinforce_pp` the whole batch) makes no optimizer
+            update either, `rollout/zero_advantage_step` logged as 1. Without it the step's only
+            gradient is the entropy bonus (and the KL term), which AdamW scales to a full-size step
+            in no direction the reward chose: with `entropy_coef` 0.05 two such steps took a policy
+            that solved every training prompt to one name per pair (docs/real-model.md). Group
+            estimators only; never stops training (a solved task keeps being sampled, cheaply).
 
         > Collapse guard (see `starpo_trl.monitoring.guard`)
 
@@ -381,6 +388,10 @@ class StarPOConfig(GRPOConfig):
     )
     max_empty_steps: int = field(
         default=5, metadata={"help": "Stop after this many steps in a row with no model token to train on."}
+    )
+    skip_zero_advantage_steps: bool = field(
+        default=False,
+        metadata={"help": "No optimizer update in a step whose advantages are all 0 (group estimators)."},
     )
     critic_epochs: int = field(
         default=1, metadata={"help": "Critic passes over each rollout batch, in shuffled micro-batches."}
@@ -617,6 +628,11 @@ class StarPOConfig(GRPOConfig):
     def _check_training_settings(self) -> None:
         """Advantage estimator, reward normalisation, collapse guard, reasoning shaping, critic, vLLM LoRA sync, loss."""
         get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
+        if self.skip_zero_advantage_steps and get_estimator(self.advantage_estimator).critic:
+            raise ValueError(
+                f"skip_zero_advantage_steps needs a group estimator (grpo, rloo, reinforce_pp): with "
+                f"{self.advantage_estimator!r} the critic gives per-token advantages, which are never all 0."
+            )
         if self.advantage_estimator == "reinforce_pp" and self.scale_rewards not in ("batch", "none", False):
             raise ValueError(
                 f"advantage_estimator='reinforce_pp' takes its baseline and std over the whole batch: set "

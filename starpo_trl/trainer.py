@@ -196,7 +196,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if mode == "train":
             self.step_log.record_kept_groups(scored)
             empty = int(batch["num_items_in_batch"]) == 0  # nothing to train on: no optimizer step
-            self._log(mode, self.empty_steps.update(empty, filtered_out=len(scored.kept_groups) == 0))
+            zero = scored.advantages is not None and not bool(scored.advantages.ne(0).any())
+            self._log(mode, self.empty_steps.update(empty, len(scored.kept_groups) == 0, zero_advantage=zero))
         if scored.advantages is not None:  # a trajectory's advantage on each of its rows
             episode_advantages = scored.advantages[mine]
             padding = torch.zeros(len(rows) - len(owner))
@@ -313,6 +314,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.critic is not None and self.model.training and self.state.global_step < self.args.critic_warmup_steps:
             return loss * 0.0  # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
+        if self.model.training and self.empty_steps.zero_advantage:
+            return loss * 0.0  # every advantage 0: no entropy-bonus-only gradient (the step is skipped too)
         return loss
 
     # -- checkpoints (``starpo_trl.checkpoints``: the critic, the run state, the rollout settings) ----------

@@ -1,7 +1,9 @@
 """Steps with nothing to train on, counted, and the run stopped when they go on too long.
 
 A step is empty when no kept row holds a model token: every kept episode failed before the model
-wrote anything, or the rollout filter kept no group. Such a step is skipped: as a Trainer callback,
+wrote anything, or the rollout filter kept no group; with ``skip_zero_advantage_steps`` a step whose
+advantages are all 0 is skipped too (its loss is also zeroed, so no backend sees the entropy bonus
+alone). Such a step is skipped: as a Trainer callback,
 ``EmptySteps`` drops the gradients before its optimizer step, so AdamW leaves every weight and its
 moments as they were (it skips parameters without a gradient; under DeepSpeed the engine steps
 inside ``backward``, there the step runs with a zero gradient). It also says when to give up, with
@@ -25,6 +27,7 @@ class EmptySteps(TrainerCallback):
         self.config = config
         self.parameters = parameters
         self.skip = False  # whether the current step is skipped
+        self.zero_advantage = False  # skipped because every advantage is 0 (its loss is zeroed)
         self.empty_in_a_row = 0
         self.filtered_out_in_a_row = 0
 
@@ -33,11 +36,13 @@ class EmptySteps(TrainerCallback):
             for p in self.parameters():
                 p.grad = None
 
-    def update(self, empty: bool, filtered_out: bool) -> dict[str, float]:
+    def update(self, empty: bool, filtered_out: bool, zero_advantage: bool = False) -> dict[str, float]:
         """Count one training step (``empty``: no model token to train on; ``filtered_out``: because the
-        filter kept no group); returns its ``rollout/empty_*`` metrics."""
+        filter kept no group; ``zero_advantage``: every kept advantage is 0, skipped only with
+        ``skip_zero_advantage_steps``); returns its ``rollout/empty_*`` (and ``zero_advantage_step``) metrics."""
         args = self.config
-        self.skip = empty
+        self.zero_advantage = bool(args.skip_zero_advantage_steps and zero_advantage and not empty)
+        self.skip = empty or self.zero_advantage
         self.empty_in_a_row = self.empty_in_a_row + 1 if empty and not filtered_out else 0
         self.filtered_out_in_a_row = self.filtered_out_in_a_row + 1 if filtered_out else 0
         if self.filtered_out_in_a_row >= args.rollout_filter_empty_stop_steps:
@@ -55,7 +60,10 @@ class EmptySteps(TrainerCallback):
                 f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
                 f"({args.env_id}) or raise max_empty_steps."
             )
-        return {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
+        metrics = {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
+        if args.skip_zero_advantage_steps:
+            metrics["rollout/zero_advantage_step"] = float(self.zero_advantage)
+        return metrics
 
     def state_dict(self) -> dict[str, int]:
         return {"empty_steps_in_a_row": self.empty_in_a_row, "filtered_out_in_a_row": self.filtered_out_in_a_row}

@@ -40,3 +40,35 @@ def test_state_round_trip_and_dropped_gradients(tmp_path):
     restored.update(True, False)
     restored.on_pre_optimizer_step(None, None, None)
     assert weight.grad is None
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_step_whose_advantages_are_all_zero_is_skipped_only_when_asked(tmp_path, tiny_tokenizer, scripted, skip):
+    """Every episode names Dragon, so each group's rewards agree and every GRPO advantage is 0: the
+    only gradient left is the entropy bonus. Without the option AdamW turns it into an update; with it
+    no weight moves and each step logs rollout/zero_advantage_step 1."""
+    from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = make_args(
+        tmp_path, entropy_coef=0.05, weight_decay=0.0, skip_zero_advantage_steps=skip, rollout_filter_ratio=1.0
+    )
+    backend = scripted("<think>x</think><answer>Dragon</answer>")
+    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tiny_tokenizer, backend=backend)
+    trainer.train()
+    history = trainer.state.log_history
+    assert [r["env/Bandit-v0/valid_action_rate"] for r in history if "env/Bandit-v0/valid_action_rate" in r] == [
+        1.0,
+        1.0,
+    ]
+    moved = not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert moved != skip
+    logged = [r["rollout/zero_advantage_step"] for r in history if "rollout/zero_advantage_step" in r]
+    assert logged == ([1.0, 1.0] if skip else [])
+
+
+def test_zero_advantage_skip_needs_a_group_estimator(tmp_path):
+    with pytest.raises(ValueError, match="skip_zero_advantage_steps needs a group estimator"):
+        make_args(tmp_path, skip_zero_advantage_steps=True, advantage_estimator="gae")
