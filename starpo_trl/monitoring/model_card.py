@@ -16,6 +16,8 @@ from envs.contract import env_name
 # (field, label) of the StarPO settings shown in the card
 SETTINGS = (
     ("advantage_estimator", "advantage estimator"),
+    ("scale_rewards", "advantages scaled by (group / batch std, or none)"),
+    ("skip_zero_advantage_steps", "no update when every advantage is 0"),
     ("rollout_filter_metric", "rollout filter: group score"),
     ("rollout_filter_strategy", "rollout filter: strategy"),
     ("rollout_filter_ratio", "rollout filter: value (top_k share, top_k_abs count, top_p p, min_p fraction)"),

@@ -45,6 +45,7 @@ def test_model_card_renders_and_the_model_round_trips(tmp_path, tiny_tokenizer, 
     assert "| success | 0.125 | 0.375 |" in text and "| valid_action_rate |  | 0.9 |" in text
     assert "`starpo/FrozenLake-v0`, kwargs `{'is_slippery': False}`" in text
     assert "| rollout filter: value (top_k share, top_k_abs count, top_p p, min_p fraction) | `0.5` |" in text
+    assert "| no update when every advantage is 0 | `False` |" in text
     assert "env_id: starpo/FrozenLake-v0" in text  # the recipe
     # saved model and tokenizer load back bit-identical, with the same tokenisation
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path))
