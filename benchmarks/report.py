@@ -434,7 +434,8 @@ def real_model_reading_lines(r: dict) -> list[str]:
         "| run | measured | Tiger / Crane: P(best), Tiger risky | P(best), Crane risky | reading | training pairs: mean reading |",
         "|---|---|---|---|---|---|",
     ]
-    for label, x in r["reading"].items():
+    # oldest first: results.json stores the labels sorted by name, a fresh write holds the new one last
+    for label, x in sorted(r["reading"].items(), key=lambda item: (item[1]["measured_at"], item[0])):
         test = x["pairs"][0]
         lines.append(
             f"| `{label}` | {x['measured_at']} | {test['p_best'][0]:.2f} | {test['p_best'][1]:.2f} | "

@@ -294,6 +294,26 @@ def test_bandit_reading_by_hand():
     assert bandit_reading.reading(1.0, 0.0) == 1.0 and bandit_reading.reading(0.2, 0.7) == pytest.approx(-0.5)
 
 
+def test_reading_table_lists_probes_oldest_first_whatever_the_stored_order():
+    import report
+
+    def probe(at, reading):
+        return {
+            "measured_at": at,
+            "pairs": [{"p_best": [1.0, reading]}],
+            "test_reading": reading,
+            "train_reading_mean": 0.5,
+        }
+
+    # results.json keeps labels sorted by name: "b-new" was measured before "a-later"
+    lines = report.real_model_reading_lines(
+        {"reading": {"a-later": probe("2026-12-06 01:41 UTC", 0.98), "b-new": probe("2026-12-05 11:38 UTC", 0.09)}}
+    )
+    rows = [line for line in lines if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ["b-new", "a-later"]
+    assert rows[0] == "| `b-new` | 2026-12-05 11:38 UTC | 1.00 | 0.09 | +0.09 | +0.50 |"
+
+
 def test_bandit_reading_scores_the_engines_own_prompt_and_reads_a_name_preference_as_zero(tiny_tokenizer, scripted):
     """The probe's prompt for each side of a pair is the one the rollout engine renders for that seed, token
     for token; a model that prefers one name whatever the prompt says reads 0 and scores P(best) p and 1 - p."""
