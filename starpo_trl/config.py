@@ -627,8 +627,8 @@ class StarPOConfig(GRPOConfig):
 
     def _check_training_settings(self) -> None:
         """Advantage estimator, reward normalisation, collapse guard, reasoning shaping, critic, vLLM LoRA sync, loss."""
-        get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
-        if self.skip_zero_advantage_steps and get_estimator(self.advantage_estimator).critic:
+        estimator = get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
+        if self.skip_zero_advantage_steps and estimator.critic:
             raise ValueError(
                 f"skip_zero_advantage_steps needs a group estimator (grpo, rloo, reinforce_pp): with "
                 f"{self.advantage_estimator!r} the critic gives per-token advantages, which are never all 0."

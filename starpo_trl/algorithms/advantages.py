@@ -49,16 +49,13 @@ def batch_mean_advantages(rewards: torch.Tensor, scale: str = "batch", eps: floa
     whitens per token, which weighs long replies more). Unlike GRPO, a group whose rewards all agree
     still gets a gradient when the rest of the batch differs: under mirrored start states, a pair
     answered the same way in both mirrors gives +a in one and -b in the other. A NaN reward (failed
-    episode) is left out of the mean and std and gets 0. (N,) -> (N,)."""
+    episode) is left out of the mean and std and gets 0. It is GRPO with the whole batch as one group.
+    (N,) -> (N,)."""
     if scale not in ("batch", "none"):
         raise ValueError(
             f"the batch-mean baseline scales over the batch: scale_rewards must be 'batch' or 'none', got {scale!r}"
         )
-    view = rewards.view(1, -1)
-    diff = centred(view).reshape(-1)
-    if scale == "batch":
-        diff = diff / (torch.nan_to_num(nanstd(rewards, dim=0), nan=0.0) + eps)
-    return torch.nan_to_num(diff, nan=0.0)
+    return grpo_advantages(rewards, max(rewards.numel(), 1), scale, eps)
 
 
 def reward_normalization_terms(

@@ -84,6 +84,8 @@ def test_reinforce_pp_gives_locked_mirrored_groups_a_gradient_where_grpo_gives_n
     assert torch.allclose(adv, torch.tensor([b, 0.0, -b]), atol=1e-6)
     # a batch whose rewards all agree gives exactly 0, not rounding noise
     assert batch_mean_advantages(torch.full((4,), 2.4146361351013184), "batch").tolist() == [0.0] * 4
+    # a filter that kept nothing leaves an empty batch: no advantages, no error (the step is then skipped as empty)
+    assert batch_mean_advantages(torch.tensor([]), "batch").numel() == 0
 
 
 def test_reinforce_pp_refuses_per_group_scaling_before_any_model_loads():
