@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,8 @@ def load_model_and_tokenizer(
         raise ValueError(
             "Set model_name_or_path (a Hub id such as Qwen/Qwen2.5-0.5B-Instruct, a local directory, or 'tiny')."
         )
+    if name.startswith("~"):  # a home-relative directory, e.g. the offline model `make model` writes
+        name = os.path.expanduser(name)
     if name == "tiny":
         from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
 

@@ -431,3 +431,16 @@ def test_rl_probes_reading_only_for_payout_bandit_recipes(monkeypatch):
     real_model.rl("recipes/smollm2-cpu-frozenlake.yaml", [])
     real_model.rl("recipes/smollm2-cpu-bandit-symbolic-lora.yaml", [])
     assert len(calls) == 1
+
+
+def test_collapse_real_run_stops_at_its_time_budget():
+    """`collapse.py --real` ends training at the first step end past its budget (its report is still written)."""
+    import time
+
+    import collapse
+    from transformers import TrainerControl
+
+    over = collapse.StopAfter(budget_s=60.0, start=time.time() - 61.0)
+    assert over.on_step_end(None, None, TrainerControl()).should_training_stop
+    within = collapse.StopAfter(budget_s=60.0, start=time.time() - 30.0)
+    assert not within.on_step_end(None, None, TrainerControl()).should_training_stop
