@@ -23,8 +23,8 @@ model's reasoning is template words, so its MI metrics sit at chance): SmolLM2-1
 the warm start of `recipes/smollm2-cpu-frozenlake.yaml` (SFT on a noisy expert, its noise lowered to
 0.1 for a higher starting success; built once in runs/bench-collapse/real-warm) is trained with that
 recipe's rollouts on 8 lakes x 4 episodes a step, but plain GRPO (no filter, no entropy bonus), the
-learning rate ramped to 10x the recipe's over the first half, and the MI pass every 2 steps on a
-uniformly drawn turn of one episode per lake (8 inputs). One run ("real-collapse"; its results go
+learning rate ramped to 2x the recipe's over the first half, and the MI pass every 2 steps on a
+uniformly drawn turn of two episodes per lake (8 inputs, 16 reasonings). One run ("real-collapse"; its results go
 to the "collapse_real" section); it stops cleanly after 85 minutes if its 24 steps are not done.
 """
 
@@ -68,13 +68,13 @@ REAL_RUN = dict(
     num_generations=4,
     rollout_filter_ratio=1.0,
     entropy_coef=0.0,
-    learning_rate=2e-4,
+    learning_rate=4e-5,  # 2x the recipe's; 2e-4 (10x) crashed this start by step 6, inside every rule's warm-up
     lr_scheduler_type="constant_with_warmup",
     warmup_steps=REAL_STEPS // 2,
     mi_metrics_every=2,
     mi_metrics_turn="uniform",  # the first turn starts on the same square in every lake: later turns differ
     mi_metrics_inputs=8,
-    mi_metrics_per_input=1,
+    mi_metrics_per_input=2,
 )
 
 

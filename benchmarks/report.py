@@ -305,7 +305,7 @@ def write(results: dict) -> None:
             "that depends on the input in the first place: the tiny model's reasoning is a few template words from its "
             "warm start, so its retrieval accuracy sits near chance from step 1 (the mean over the MI passes is in the "
             "lines above) and the MI rule has no early level to fall from; whether MI warns earlier than entropy and "
-            "reward std has to be measured on a real model.",
+            "reward std has to be measured on a real model (next section; not yet shown there, see docs/monitoring.md).",
             "",
         ]
     if "collapse_real" in results:
@@ -482,7 +482,7 @@ def collapse_real_lines(r: dict) -> list[str]:
     lines = [
         f"## Collapse guard and MI on the real model (`python benchmarks/collapse.py --real`, {r['machine']}, {r['measured_at']})",
         "",
-        f"{r['model']}, pushed into collapse for {r['steps']} steps"
+        f"{r['model']}, trained for {r['steps']} steps with plain GRPO meant to push it into collapse"
         + (
             f" (of {r['planned_steps']} planned: stopped early)"
             if r.get("planned_steps", r["steps"]) > r["steps"]
