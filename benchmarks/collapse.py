@@ -1,7 +1,7 @@
 """The collapse guard on a real CPU run: a recipe pushed into collapse vs the StarPO-S recipe.
 
     python benchmarks/collapse.py        # about 40 minutes on 2 CPU cores (make bench-collapse)
-    python benchmarks/collapse.py --real # SmolLM2-135M-Instruct pushed into collapse (about 95 minutes)
+    python benchmarks/collapse.py --real # SmolLM2-135M-Instruct pushed into collapse (about 75 minutes)
 
 Both runs start from the same warm-started tiny model on non-slippery FrozenLake (the CPU demo),
 with `collapse_guard=warn` and its default thresholds, side by side in two processes:
