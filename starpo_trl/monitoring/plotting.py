@@ -43,6 +43,18 @@ DASHBOARD_PANELS = (
     ("grad_norm", [keys.GRAD_NORM], "grad norm"),
     ("diversity", [keys.DISTINCT_2, keys.TEMPLATE_SHARE], "reasoning diversity"),
 )
+MI_PANEL = (
+    "retrieval",
+    [keys.RETRIEVAL_ACCURACY, keys.RETRIEVAL_CHANCE, keys.MI_ESTIMATE],
+    "input dependence (MI pass)",
+)
+
+
+def dashboard_panels(log_history: list[dict]) -> tuple:
+    """The dashboard's panels: the five above, and the MI pass's when the run logged it (`mi_metrics_every`)."""
+    if any(keys.RETRIEVAL_ACCURACY in row for row in log_history):
+        return (*DASHBOARD_PANELS, MI_PANEL)
+    return DASHBOARD_PANELS
 
 
 def env_name_from_history(log_history: list[dict]) -> str | None:
@@ -57,7 +69,8 @@ def env_name_from_history(log_history: list[dict]) -> str | None:
 def plot_dashboard(
     log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = ""
 ) -> str:
-    """One PNG: success, in-group reward std, entropy, grad norm and diversity, guard events as red lines."""
+    """One PNG: success, in-group reward std, entropy, grad norm, diversity and (when logged) the MI pass's
+    retrieval accuracy against chance and I(X;Z); guard events as red lines."""
     env_name = env_name or env_name_from_history(log_history) or "env"
     if events is None:
         events = [
@@ -65,8 +78,9 @@ def plot_dashboard(
             for row in log_history
             if row.get("guard/warning")
         ]
-    fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(3.6 * len(DASHBOARD_PANELS), 3.2))
-    for ax, (_, panel_keys, label) in zip(axes, DASHBOARD_PANELS):
+    panels = dashboard_panels(log_history)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2))
+    for ax, (_, panel_keys, label) in zip(axes, panels):
         for key in panel_keys:
             steps, values = series(log_history, key.format(env=env_name))
             if steps:

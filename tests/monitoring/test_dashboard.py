@@ -62,3 +62,30 @@ def test_plot_from_newest_checkpoint_via_module_cli(tmp_path):
 def test_missing_run_dir_says_what_is_expected(tmp_path):
     with pytest.raises(FileNotFoundError, match="report.json"):
         load_run(str(tmp_path))
+
+
+def test_the_mi_panel_appears_only_when_the_run_logged_the_mi_pass(tmp_path):
+    from starpo_trl.monitoring.plotting import DASHBOARD_PANELS, dashboard_panels, plot_dashboard
+
+    rows = history()
+    assert dashboard_panels(rows) == DASHBOARD_PANELS
+    rows[1].update(
+        {"collapse/retrieval_accuracy": 0.5, "collapse/retrieval_chance": 0.25, "collapse/mi_estimate": 0.3}
+    )
+    panels = dashboard_panels(rows)
+    assert [name for name, _, _ in panels] == [
+        "success",
+        "reward_std",
+        "entropy",
+        "grad_norm",
+        "diversity",
+        "retrieval",
+    ]
+    assert panels[-1][1] == ["collapse/retrieval_accuracy", "collapse/retrieval_chance", "collapse/mi_estimate"]
+    with_mi, without = (
+        plot_dashboard(rows, str(tmp_path / "mi.png")),
+        plot_dashboard(history(), str(tmp_path / "no.png")),
+    )
+    from PIL import Image
+
+    assert Image.open(with_mi).width > Image.open(without).width  # one more panel
