@@ -1,7 +1,7 @@
 """The collapse guard on a real CPU run: a recipe pushed into collapse vs the StarPO-S recipe.
 
     python benchmarks/collapse.py        # about 40 minutes on 2 CPU cores (make bench-collapse)
-    python benchmarks/collapse.py --real # SmolLM2-135M-Instruct pushed into collapse (about 75 minutes)
+    python benchmarks/collapse.py --real # SmolLM2-135M-Instruct, plain GRPO (about 75 minutes)
 
 Both runs start from the same warm-started tiny model on non-slippery FrozenLake (the CPU demo),
 with `collapse_guard=warn` and its default thresholds, side by side in two processes:
@@ -23,9 +23,10 @@ model's reasoning is template words, so its MI metrics sit at chance): SmolLM2-1
 the warm start of `recipes/smollm2-cpu-frozenlake.yaml` (SFT on a noisy expert, its noise lowered to
 0.1 for a higher starting success; built once in runs/bench-collapse/real-warm) is trained with that
 recipe's rollouts on 8 lakes x 4 episodes a step, but plain GRPO (no filter, no entropy bonus), the
-learning rate ramped to 2x the recipe's over the first half, and the MI pass every 2 steps on a
-uniformly drawn turn of two episodes per lake (8 inputs, 16 reasonings). One run ("real-collapse"; its results go
-to the "collapse_real" section); it stops cleanly after 85 minutes if its 24 steps are not done.
+learning rate ramped to 2x the recipe's over the first half (10x crashed it inside every rule's
+warm-up), and the MI pass every 2 steps on a uniformly drawn turn of two episodes per lake (8
+inputs, 16 reasonings). One run ("real-collapse"; its results go to the "collapse_real" section);
+it stops cleanly after 85 minutes if its 24 steps are not done. docs/monitoring.md reads the runs.
 """
 
 from __future__ import annotations
