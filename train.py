@@ -235,9 +235,7 @@ def check_warm_start(run_args: RunArguments, args: StarPOConfig, model_args: Mod
 
 def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, tiny_args: TinyModelArguments) -> dict:
     start = time.time()
-    # recipes may point at a home-relative directory, e.g. the offline model `make model` writes
-    if model_args.model_name_or_path and model_args.model_name_or_path.startswith("~"):
-        model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+    # a home-relative model_name_or_path is expanded where models load (load_model_and_tokenizer)
     if run_args.critic_init.startswith("~"):
         run_args.critic_init = os.path.expanduser(run_args.critic_init)
     check_run(run_args, args)
