@@ -312,10 +312,11 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if self.critic is not None and self.model.training and self.state.global_step < self.args.critic_warmup_steps:
-            return loss * 0.0  # critic warm-up: the policy gets a zero loss (no gradient) until the critic has learned
-        if self.model.training and self.empty_steps.zero_advantage:
-            return loss * 0.0  # every advantage 0: no entropy-bonus-only gradient (the step is skipped too)
+        # no policy gradient while the critic warms up (until it has learned), nor in a step whose advantages
+        # are all 0 (no entropy-bonus-only gradient; that step is skipped too)
+        critic_warmup = self.critic is not None and self.state.global_step < self.args.critic_warmup_steps
+        if self.model.training and (critic_warmup or self.empty_steps.zero_advantage):
+            return loss * 0.0
         return loss
 
     # -- checkpoints (``starpo_trl.checkpoints``: the critic, the run state, the rollout settings) ----------

@@ -194,3 +194,31 @@ def test_a_varying_kept_count_is_padded_with_rows_that_hold_no_model_token(
         row["rollout/empty_after_filter"] for row in trainer.state.log_history if "rollout/empty_after_filter" in row
     ]
     assert logged and logged[0] == 0.0
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_critic_warmup_steps_train_only_the_critic(tmp_path, tiny_tokenizer, scripted, warmup):
+    """With `critic_warmup_steps: 2` and 2 steps the critic learns and no policy weight moves (the entropy
+    bonus included: the policy loss is zeroed); with 0 the same run moves the policy."""
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = make_args(
+        tmp_path,
+        advantage_estimator="gae",
+        critic_warmup_steps=warmup,
+        critic_learning_rate=3e-3,
+        entropy_coef=0.05,
+        weight_decay=0.0,
+        rollout_filter_ratio=1.0,
+        max_steps=2,
+    )
+    trainer = MultiTurnStarPOTrainer(
+        model, args, processing_class=tiny_tokenizer, backend=scripted("<think>x</think><answer>Dragon</answer>")
+    )
+    critic_before = [p.detach().clone() for p in trainer.critic.trainable_parameters()]
+    trainer.train()
+    moved = not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert moved == (warmup == 0)
+    assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.trainable_parameters()))
