@@ -58,25 +58,28 @@ RUNS = {
     "starpo-s": dict(),  # the demo recipe as it is
 }
 RECIPE = "demo-cpu-frozenlake.yaml"
-REAL_STEPS = 24
-REAL_BUDGET_S = 85 * 60  # the run stops cleanly (its report written) after this long: a session is 3 hours
+REAL_BUDGET_S = 85 * 60  # a run stops cleanly (its report written) after this long: a session is 3 hours
 REAL_RECIPE = "smollm2-cpu-frozenlake.yaml"
 REAL_WARM = OUT / "real-warm"  # that recipe's warm start (SFT on a noisy expert), with the expert's noise at 0.1
 REAL_WARM_NOISE = 0.1
-REAL_RUN = dict(
-    max_steps=REAL_STEPS,
+REAL_COMMON = dict(
     num_start_states=8,  # 8 lakes x 4 rollouts (the recipe: 4 x 8): twice the inputs per MI pass
     num_generations=4,
     rollout_filter_ratio=1.0,
     entropy_coef=0.0,
-    learning_rate=4e-5,  # 2x the recipe's; 2e-4 (10x) crashed this start by step 6, inside every rule's warm-up
     lr_scheduler_type="constant_with_warmup",
-    warmup_steps=REAL_STEPS // 2,
     mi_metrics_every=2,
     mi_metrics_turn="uniform",  # the first turn starts on the same square in every lake: later turns differ
     mi_metrics_inputs=8,
     mi_metrics_per_input=2,
 )
+# run name -> (results.json section, settings). 10x the recipe's learning rate (2e-4 over a 12-step ramp)
+# crashed this start by step 6, inside every rule's 10-log warm-up; 2x did not crash in 24 steps; 5x ramps
+# over 20 steps so that it passes 2x only after the warm-up.
+REAL_RUNS = {
+    "real-collapse": ("collapse_real", dict(REAL_COMMON, max_steps=24, learning_rate=4e-5, warmup_steps=12)),
+    "real-5x": ("collapse_real_5x", dict(REAL_COMMON, max_steps=30, learning_rate=1e-4, warmup_steps=20)),
+}
 
 
 def warm_model() -> pathlib.Path:
@@ -225,24 +228,26 @@ def summarise(name: str, settings, every: int | None = None) -> dict:
     return result
 
 
-def real(replay: bool = False) -> None:
-    """SmolLM2-135M-Instruct after its FrozenLake recipe, pushed into collapse with the MI pass every 2 steps."""
+def real(name: str = "real-collapse", replay: bool = False) -> None:
+    """SmolLM2-135M-Instruct after its FrozenLake recipe, pushed toward collapse with the MI pass every 2 steps."""
     from report import store
 
+    section, settings = REAL_RUNS[name]
     if not replay:
         from learning import warm_started
 
         warm = warm_started(REAL_RECIPE, REAL_WARM, warm_start_noise=REAL_WARM_NOISE)
-        worker("real-collapse", REAL_RECIPE, warm, REAL_RUN, budget_s=REAL_BUDGET_S)
-    result = summarise("real-collapse", REAL_RUN, every=REAL_RUN["mi_metrics_every"])
-    history = json.loads((OUT / "real-collapse" / "report.json").read_text())["log_history"]
+        worker(name, REAL_RECIPE, warm, settings, budget_s=REAL_BUDGET_S)
+    result = summarise(name, settings, every=settings["mi_metrics_every"])
+    history = json.loads((OUT / name / "report.json").read_text())["log_history"]
     mi_rows = [r for r in history if "collapse/retrieval_accuracy" in r]
     store(
-        "collapse_real",
+        section,
         {
+            "command": "python benchmarks/collapse.py --real" + ("" if name == "real-collapse" else f" {name}"),
             "model": f"SmolLM2-135M-Instruct (the warm start of recipes/{REAL_RECIPE}, expert noise {REAL_WARM_NOISE})",
             "steps": sum(1 for r in history if "loss" in r),  # fewer than planned for a run stopped early
-            "planned_steps": REAL_STEPS,
+            "planned_steps": settings["max_steps"],
             "run": result,
             "mi_passes": [
                 {
@@ -304,6 +309,7 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
     elif "--real" in sys.argv:
-        real(replay="--replay" in sys.argv)
+        names = [a for a in sys.argv[1:] if not a.startswith("--")]
+        real(*(names or ["real-collapse"]), replay="--replay" in sys.argv)
     else:
         main(replay="--replay" in sys.argv)

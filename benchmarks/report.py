@@ -114,6 +114,8 @@ def write(results: dict) -> None:
             + ".",
             "",
         ]
+    if "mi_pass" in results:
+        lines += mi_pass_lines(results["mi_pass"])
     if "env_concurrency" in results:
         r = results["env_concurrency"]
         lines += [
@@ -308,8 +310,8 @@ def write(results: dict) -> None:
             "reward std has to be measured on a real model (next section; not yet shown there, see docs/monitoring.md).",
             "",
         ]
-    if "collapse_real" in results:
-        lines += collapse_real_lines(results["collapse_real"])
+    for key in sorted(k for k in results if k.startswith("collapse_real")):  # one section per real-model run
+        lines += collapse_real_lines(results[key])
     if "real_model" in results:
         r = results["real_model"]
         lines += [
@@ -476,11 +478,33 @@ def guard_events_cell(run: dict) -> str:
     )
 
 
+def mi_pass_lines(r: dict) -> list[str]:
+    """The MI pass read with a shared prefix vs every concatenation whole (`speed.py mi`)."""
+    lines = [
+        f"## MI pass: shared prefix vs whole concatenations (`python benchmarks/speed.py mi`, {r['machine']}, {r['measured_at']})",
+        "",
+        f"{r['model']}; one random sample of {r['inputs']} inputs x {r['reasonings']} reasonings, {r['input_len']} and "
+        f"{r['reasoning_len']} tokens (a uniform-turn FrozenLake MI pass); `mi_metrics_shared_prefix` true / false; "
+        "median of 2. The scores of the two ways agree to the last column.",
+        "",
+        "| batch size | forward passes (whole / shared) | whole s | shared prefix s | speedup | largest score difference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for batch in (2, 16):
+        b = r[f"batch_{batch}"]
+        lines.append(
+            f"| {batch} | {b['forward_passes_whole']} / {b['forward_passes_shared']} | {b['whole_s']:.2f} | "
+            f"{b['shared_prefix_s']:.2f} | {b['speedup']:.1f} | {b['max_abs_diff']:.1e} |"
+        )
+    return lines + [""]
+
+
 def collapse_real_lines(r: dict) -> list[str]:
     """The collapse benchmark on the real model (`collapse.py --real`): one run, its guard events and MI passes."""
     x = r["run"]
     lines = [
-        f"## Collapse guard and MI on the real model (`python benchmarks/collapse.py --real`, {r['machine']}, {r['measured_at']})",
+        f"## Collapse guard and MI on the real model (`{r.get('command', 'python benchmarks/collapse.py --real')}`, "
+        f"{r['machine']}, {r['measured_at']})",
         "",
         f"{r['model']}, trained for {r['steps']} steps with plain GRPO meant to push it into collapse"
         + (

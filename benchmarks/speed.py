@@ -14,6 +14,14 @@
 - kv_reuse_speedup: the same 32 episodes (same RNG) with KV reuse off / on; on the tiny model and,
   when it has been built (``make model``), on SmolLM2-135M-Instruct (8 episodes x 3 turns).
 - peak RSS of a shortened CPU demo run (a separate process).
+
+    python benchmarks/speed.py mi   # only the MI pass (the "mi_pass" section)
+
+- mi_pass_speedup: the MI collapse metrics' cross log-probability pass reading each input once and
+  sharing its key-value cache over the reasonings, vs reading every (input, reasoning) concatenation
+  whole: same sample (8 inputs of 600 tokens, 16 reasonings of 12: the shape of a uniform-turn
+  FrozenLake pass), same batch size, on SmolLM2-135M-Instruct when it has been built (``make model``),
+  else the tiny model; the largest score difference between the two is reported beside it.
 """
 
 from __future__ import annotations
@@ -289,8 +297,65 @@ def demo_peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
+def mi_pass_model() -> tuple[torch.nn.Module, str]:
+    """SmolLM2-135M-Instruct when it has been built (``make model``), else the tiny model."""
+    from starpo_trl.offline_model import DEFAULT_DIR, is_built
+
+    if not is_built(DEFAULT_DIR):
+        return build_tiny_model(build_tiny_tokenizer()), "the tiny model"
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32), "SmolLM2-135M-Instruct"
+
+
+def mi_pass_rows(
+    model: torch.nn.Module,
+    name: str,
+    inputs: int = 8,
+    reasonings: int = 16,
+    input_len: int = 600,
+    reasoning_len: int = 12,
+    repeats: int = 2,
+) -> dict:
+    """Seconds of ``cross_logprobs`` with and without the shared prefix on one random sample, at the MI
+    pass's batch size of the SmolLM2 FrozenLake recipe (2) and at 16; median of ``repeats``."""
+    from starpo_trl.monitoring.mutual_info import cross_logprobs, mi_forward_passes
+
+    model.eval()
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randint(vocab, (input_len,), generator=g).tolist() for _ in range(inputs)]
+    zs = [torch.randint(vocab, (reasoning_len,), generator=g).tolist() for _ in range(reasonings)]
+    rows = {"model": name, "inputs": inputs, "reasonings": reasonings, "input_len": input_len}
+    rows["reasoning_len"] = reasoning_len
+    for batch in (2, 16):
+        seconds, scores = {}, {}
+        for shared in (False, True):
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                scores[shared] = cross_logprobs(model, xs, zs, 0, batch_size=batch, shared_prefix=shared)
+                times.append(time.perf_counter() - start)
+            seconds[shared] = statistics.median(times)
+            print(f"mi pass batch {batch} shared {shared}: {seconds[shared]:.2f}s", flush=True)
+        rows[f"batch_{batch}"] = {
+            "whole_s": round(seconds[False], 3),
+            "shared_prefix_s": round(seconds[True], 3),
+            "speedup": round(seconds[False] / seconds[True], 2),
+            "max_abs_diff": float((scores[True] - scores[False]).abs().max()),
+            "forward_passes_whole": mi_forward_passes(inputs, reasonings, batch, False),
+            "forward_passes_shared": mi_forward_passes(inputs, reasonings, batch, True),
+        }
+    return rows
+
+
 def main() -> None:
     from report import store
+
+    if sys.argv[1:] == ["mi"]:
+        torch.set_num_threads(2)
+        store("mi_pass", mi_pass_rows(*mi_pass_model()))
+        return
 
     torch.set_num_threads(2)
     tok = build_tiny_tokenizer()
@@ -303,6 +368,7 @@ def main() -> None:
     rows["model"] = f"tiny Qwen2 architecture, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
     print(json.dumps(rows, indent=2))
     store("speed", rows)
+    store("mi_pass", mi_pass_rows(*mi_pass_model()))
 
 
 if __name__ == "__main__":

@@ -159,6 +159,29 @@ def test_real_model_speed_rows(tmp_path, monkeypatch):
     assert "the whole history turn 1: 200, turn 2: 290; with KV reuse turn 1: 200, turn 2: 67." in text
 
 
+def test_mi_pass_rows_and_table(tmp_path, monkeypatch, tiny_tokenizer):
+    """`speed.py mi` on the tiny model and a small sample: both ways score alike, the forward passes are
+    counted (3 inputs x 4 reasonings: whole 6 at batch 2, 1 at 16; shared 3 x (1 + 2) = 9 and 3 x 2 = 6),
+    and the table shows them."""
+    import report
+    import speed
+
+    from starpo_trl.tiny import build_tiny_model
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    model = build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1)
+    rows = speed.mi_pass_rows(model, "tiny", inputs=3, reasonings=4, input_len=20, reasoning_len=3, repeats=1)
+    assert rows["batch_2"]["max_abs_diff"] < 1e-4 and rows["batch_16"]["max_abs_diff"] < 1e-4
+    assert (rows["batch_2"]["forward_passes_whole"], rows["batch_2"]["forward_passes_shared"]) == (6, 9)
+    assert (rows["batch_16"]["forward_passes_whole"], rows["batch_16"]["forward_passes_shared"]) == (1, 6)
+    rows["batch_2"].update(whole_s=8.0, shared_prefix_s=2.0, speedup=4.0)
+    report.store("mi_pass", rows)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "tiny; one random sample of 3 inputs x 4 reasonings, 20 and 3 tokens" in text
+    assert "| 2 | 6 / 9 | 8.00 | 2.00 | 4.0 |" in text
+
+
 def test_filter_strategies_table(tmp_path, monkeypatch):
     import report
 
@@ -277,10 +300,23 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     assert run["mi_overhead"] == 0.15 and run["mi_passes"] == 10
     assert run["mi_retrieval_mean"] == 0.5 and run["mi_estimate_mean"] == 0.25
     assert [m["step"] for m in stored["mi_passes"]] == list(range(2, 21, 2))
-    assert stored["steps"] == 20 and stored["planned_steps"] == collapse.REAL_STEPS
+    assert stored["steps"] == 20 and stored["planned_steps"] == collapse.REAL_RUNS["real-collapse"][1]["max_steps"]
     text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "(`python benchmarks/collapse.py --real`," in text
     assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
     assert "| 0.400 |" in text and "| 14 | 15.0% | 200 |" in text
+    # a second real-model run gets its own section, beside the first
+    (tmp_path / "runs" / "real-5x").mkdir()
+    (tmp_path / "runs" / "real-5x" / "report.json").write_text(json.dumps({"log_history": history[:12], "wall_seconds": 120.0}))
+    collapse.real("real-5x", replay=True)
+    both = json.loads((tmp_path / "results.json").read_text())
+    assert both["collapse_real"]["steps"] == 20 and both["collapse_real_5x"]["steps"] == 12
+    assert both["collapse_real_5x"]["planned_steps"] == collapse.REAL_RUNS["real-5x"][1]["max_steps"]
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert (
+        "(`python benchmarks/collapse.py --real`," in text
+        and "(`python benchmarks/collapse.py --real real-5x`," in text
+    )
 
 
 def test_bandit_reading_by_hand():

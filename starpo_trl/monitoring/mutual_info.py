@@ -21,11 +21,17 @@ and z-score 0, whatever its entropy.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
+import transformers
+from packaging import version
 
 from starpo_trl.rollout import Episode
+
+# what a model's forward calls its key-value cache (argument and output): renamed in transformers 5.24
+CACHE_NAME = "cache" if version.parse(transformers.__version__) >= version.parse("5.24") else "past_key_values"
 
 # the statistics the trainer logs as collapse/<key> (first: the one whose running z-score is logged too)
 MI_KEYS = (
@@ -130,6 +136,33 @@ def reasoning_pairs(
     return pairs
 
 
+def mi_forward_passes(num_inputs: int, num_reasonings: int, batch_size: int, shared_prefix: bool) -> int:
+    """The forward passes ``cross_logprobs`` makes for a sample: one per input plus one per ``batch_size``
+    reasonings under it (``shared_prefix``), or one per ``batch_size`` (input, reasoning) concatenations."""
+    if not num_inputs or not num_reasonings:
+        return 0
+    if shared_prefix:
+        return num_inputs * (1 + -(-num_reasonings // batch_size))
+    return -(-num_inputs * num_reasonings // batch_size)
+
+
+def _padded(seqs: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and their attention mask."""
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, seq in enumerate(seqs):
+        ids[r, : len(seq)] = torch.tensor(seq)
+        attention[r, : len(seq)] = 1
+    return ids, attention
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log p(targets[:, t])`` from ``logits[:, t]`` (scaled by ``1 / temperature``)."""
+    logps = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logps.gather(-1, targets[..., None])[..., 0]
+
+
 @torch.no_grad()
 def cross_logprobs(
     model,
@@ -139,29 +172,63 @@ def cross_logprobs(
     batch_size: int = 16,
     temperature: float = 1.0,
     num_batches: int = 0,
+    shared_prefix: bool = True,
 ) -> torch.Tensor:
     """``out[i, j] = sum_t log p(z_i[t] | x_j, z_i[:t])`` under ``model`` (logits / ``temperature``), by teacher
-    forcing every (x_j, z_i) concatenation, ``batch_size`` at a time (right-padded). (Nz, Nx), float32.
-    At least ``num_batches`` forward passes are made (the extra ones on a two-token stand-in): where the
-    weights are sharded (ZeRO-3, FSDP) every process must make the same number."""
+    forcing. (Nz, Nx), float32.
+
+    ``shared_prefix``: each input is read once and its key-value cache is copied under ``batch_size``
+    reasonings at a time (``Nx * (|x| + Nz * |z|)`` tokens instead of ``Nx * Nz * (|x| + |z|)``: with long
+    multi-turn inputs and short reasonings, about Nz times cheaper); it needs a model whose cache can be
+    extended by several tokens (every standard decoder). Otherwise every (x_j, z_i) concatenation is
+    read whole, ``batch_size`` at a time. At least ``num_batches`` forward passes are made (the extra ones
+    on a two-token stand-in): where the weights are sharded (ZeRO-3, FSDP) every process must make the
+    same number (``mi_forward_passes`` counts them)."""
     device = next(model.parameters()).device
-    jobs = [(i, j) for i in range(len(reasonings)) for j in range(len(inputs))]
     out = torch.empty(len(reasonings), len(inputs))
-    for b in range(0, max(len(jobs), num_batches * batch_size), batch_size):
-        chunk = jobs[b : b + batch_size]
-        seqs = [inputs[j] + reasonings[i] for i, j in chunk] or [[pad_token_id, pad_token_id]]
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, seq in enumerate(seqs):
-            ids[r, : len(seq)] = torch.tensor(seq)
-            attention[r, : len(seq)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits.float()
-        logps = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
-        logps = logps.gather(-1, ids[:, 1:, None].to(device))[..., 0]
-        for r, (i, j) in enumerate(chunk):
-            first = len(inputs[j]) - 1  # the logit at position t predicts token t + 1
-            out[i, j] = logps[r, first : first + len(reasonings[i])].sum().cpu()
+    made = 0
+    if shared_prefix and reasonings:
+        for j, x in enumerate(inputs):
+            ids = torch.tensor([x], device=device)
+            read = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+            made += 1
+            past = read.get(CACHE_NAME, read.get("past_key_values"))
+            if not hasattr(past, "batch_repeat_interleave"):
+                raise ValueError(
+                    f"{type(model).__name__} returned no extendable key-value cache for the MI pass's shared prefix: "
+                    "set mi_metrics_shared_prefix=False (every input + reasoning read whole)"
+                )
+            first = torch.log_softmax(read.logits[0, -1].float() / temperature, dim=-1).cpu()
+            for b in range(0, len(reasonings), batch_size):
+                chunk = reasonings[b : b + batch_size]
+                cache = copy.deepcopy(past)
+                cache.batch_repeat_interleave(len(chunk))
+                ids, attention = _padded(chunk, pad_token_id)
+                attention = torch.cat([torch.ones((len(chunk), len(x)), dtype=torch.long), attention], dim=1)
+                logits = model(
+                    input_ids=ids.to(device),
+                    attention_mask=attention.to(device),
+                    use_cache=True,
+                    **{CACHE_NAME: cache},
+                ).logits
+                made += 1
+                logps = _token_logprobs(logits[:, :-1], ids[:, 1:].to(device), temperature).cpu()
+                for r, z in enumerate(chunk):  # z[0] from the input's last logit, z[t] from the logit at t - 1
+                    out[b + r, j] = first[z[0]] + logps[r, : len(z) - 1].sum()
+    elif reasonings:
+        jobs = [(i, j) for i in range(len(reasonings)) for j in range(len(inputs))]
+        for b in range(0, len(jobs), batch_size):
+            chunk = jobs[b : b + batch_size]
+            ids, attention = _padded([inputs[j] + reasonings[i] for i, j in chunk], pad_token_id)
+            logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
+            made += 1
+            logps = _token_logprobs(logits[:, :-1], ids[:, 1:].to(device), temperature).cpu()
+            for r, (i, j) in enumerate(chunk):
+                first = len(inputs[j]) - 1  # the logit at position t predicts token t + 1
+                out[i, j] = logps[r, first : first + len(reasonings[i])].sum()
+    for _ in range(made, num_batches):  # stand-ins: the same number of passes on every process
+        ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
     return out
 
 
@@ -198,13 +265,14 @@ def mi_from_sample(
     batch_size: int = 16,
     temperature: float = 1.0,
     num_batches: int = 0,
+    shared_prefix: bool = True,
 ) -> dict[str, float]:
     """``mi_statistics`` (per reasoning and ``*_per_token``) of a ``mi_sample``; empty when it holds
     fewer than two inputs (the forward passes ``num_batches`` asks for are still made)."""
     xs, zs, own = sample
     if len(xs) < 2:
         xs, zs = [], []
-    cross = cross_logprobs(model, xs, zs, pad_token_id, batch_size, temperature, num_batches)
+    cross = cross_logprobs(model, xs, zs, pad_token_id, batch_size, temperature, num_batches, shared_prefix)
     if not xs:
         return {}
     own_t = torch.tensor(own)
@@ -229,6 +297,7 @@ def mi_metrics(
     generator: torch.Generator | None = None,
     accelerator=None,
     prefix: str = "",
+    shared_prefix: bool = True,
 ) -> dict[str, float]:
     """The ``MI_KEYS`` statistics of ``mi_sample(episodes, ...)``, the model in eval mode meanwhile;
     empty when the sample holds fewer than two inputs. With an ``accelerator`` of several processes
@@ -236,14 +305,15 @@ def mi_metrics(
     forward passes (sharded weights gather) and gets the statistics averaged over the processes."""
     sample = mi_sample(episodes, tokenizer, group_size, max_inputs, per_input, turn, generator, prefix)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batches = -(-len(sample[0]) * len(sample[1]) // batch_size)
+    inputs = len(sample[0]) if len(sample[0]) >= 2 else 0
+    batches = mi_forward_passes(inputs, len(sample[1]) if inputs else 0, batch_size, shared_prefix)
     several = accelerator is not None and accelerator.num_processes > 1
     if several:
         batches = int(accelerator.gather(torch.tensor([batches], device=accelerator.device)).max())
     was_training = model.training
     model.eval()
     try:
-        stats = mi_from_sample(model, sample, pad, batch_size, temperature, batches)
+        stats = mi_from_sample(model, sample, pad, batch_size, temperature, batches, shared_prefix)
     finally:
         model.train(was_training)
     values = torch.tensor([stats.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64)

@@ -86,6 +86,7 @@ class StepLog:
             torch.Generator().manual_seed(args.seed * 7919 + step),
             accelerator,
             prefix=resolve_reply_prefix(args.reply_prefix, args.enable_think),
+            shared_prefix=args.mi_metrics_shared_prefix,
         )
         out = {"collapse/mi_seconds": time.perf_counter() - started}
         out.update({f"collapse/{key}": value for key, value in stats.items()})

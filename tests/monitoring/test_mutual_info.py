@@ -9,6 +9,7 @@ import torch
 from starpo_trl.monitoring.mutual_info import (
     EMANormalizer,
     cross_logprobs,
+    mi_forward_passes,
     mi_metrics,
     mi_statistics,
     reasoning_pairs,
@@ -85,7 +86,11 @@ def test_pairs_take_the_chosen_turn(tiny_tokenizer):
     assert tok.decode(x2) == "P:<think>a b</think><answer>Up</answer> ok <think>"  # the history, env tokens included
 
 
-def test_cross_logprobs_equal_single_forward_passes(tiny_tokenizer, fresh_model):
+@pytest.mark.parametrize("shared_prefix", [True, False])
+def test_cross_logprobs_equal_single_forward_passes(tiny_tokenizer, fresh_model, shared_prefix):
+    """Every (reasoning, input) score equals the sum of the reasoning's token logprobs in one plain forward pass
+    of input + reasoning, whether each input's cache is shared by the reasonings (2 at a time: chunks of
+    different lengths, one reasoning of a single token) or every concatenation is read whole."""
     tok = tiny_tokenizer
     xs = [
         tok("first input <think>", add_special_tokens=False)["input_ids"],
@@ -96,13 +101,59 @@ def test_cross_logprobs_equal_single_forward_passes(tiny_tokenizer, fresh_model)
         tok("turn right now", add_special_tokens=False)["input_ids"],
         tok("a", add_special_tokens=False)["input_ids"],
     ]
-    cross = cross_logprobs(fresh_model, xs, zs, tok.pad_token_id, batch_size=4, temperature=0.7)
+    assert len(zs[2]) == 1 and len(zs[1]) > 1
+    cross = cross_logprobs(
+        fresh_model, xs, zs, tok.pad_token_id, batch_size=2, temperature=0.7, shared_prefix=shared_prefix
+    )
     for i, z in enumerate(zs):
         for j, x in enumerate(xs):
             ids = torch.tensor([x + z])
             logits = fresh_model(ids).logits[0, :-1].float() / 0.7
             want = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[len(x) - 1 :].sum()
             assert cross[i, j].item() == pytest.approx(want.item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("shared_prefix", [True, False])
+def test_cross_logprobs_makes_the_counted_forward_passes(tiny_tokenizer, fresh_model, shared_prefix):
+    """Sharded weights (ZeRO-3, FSDP) need the same number of forward passes on every process: the pass makes
+    exactly ``mi_forward_passes`` of them (3 inputs, 5 reasonings, 2 at a time: 3 x (1 + 3) = 12 shared, 8 whole),
+    and tops up to ``num_batches`` with stand-ins; an empty sample makes only the stand-ins."""
+    tok = tiny_tokenizer
+    xs = [tok(f"input {k} <think>", add_special_tokens=False)["input_ids"] for k in range(3)]
+    zs = [tok(" ".join(["go"] * (k + 1)), add_special_tokens=False)["input_ids"] for k in range(5)]
+    calls = []
+    hook = fresh_model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        cross_logprobs(fresh_model, xs, zs, tok.pad_token_id, batch_size=2, shared_prefix=shared_prefix)
+        assert len(calls) == mi_forward_passes(3, 5, 2, shared_prefix) == (12 if shared_prefix else 8)
+        calls.clear()
+        cross_logprobs(fresh_model, xs, zs, tok.pad_token_id, 2, num_batches=15, shared_prefix=shared_prefix)
+        assert len(calls) == 15
+        calls.clear()
+        cross_logprobs(fresh_model, [], [], tok.pad_token_id, 2, num_batches=4, shared_prefix=shared_prefix)
+        assert len(calls) == 4 and mi_forward_passes(0, 0, 2, shared_prefix) == 0
+    finally:
+        hook.remove()
+
+
+def test_shared_prefix_needs_an_extendable_cache(tiny_tokenizer):
+    """A model that returns no cache object gets a clear error naming the setting that reads inputs whole."""
+
+    class NoCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            from transformers.modeling_outputs import CausalLMOutput
+
+            return CausalLMOutput(logits=torch.zeros(*input_ids.shape, 5))
+
+    with pytest.raises(ValueError, match="mi_metrics_shared_prefix=False"):
+        cross_logprobs(NoCache(), [[1, 2]], [[3]], 0)
+    assert cross_logprobs(NoCache(), [[1, 2]], [[3]], 0, shared_prefix=False)[0, 0].item() == pytest.approx(
+        -math.log(5)
+    )
 
 
 def test_mi_metrics_on_a_rollout(tiny_tokenizer, fresh_model):
