@@ -307,7 +307,9 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     assert "| 0.400 |" in text and "| 14 | 15.0% | 200 |" in text
     # a second real-model run gets its own section, beside the first
     (tmp_path / "runs" / "real-5x").mkdir()
-    (tmp_path / "runs" / "real-5x" / "report.json").write_text(json.dumps({"log_history": history[:12], "wall_seconds": 120.0}))
+    (tmp_path / "runs" / "real-5x" / "report.json").write_text(
+        json.dumps({"log_history": history[:12], "wall_seconds": 120.0})
+    )
     collapse.real("real-5x", replay=True)
     both = json.loads((tmp_path / "results.json").read_text())
     assert both["collapse_real"]["steps"] == 20 and both["collapse_real_5x"]["steps"] == 12

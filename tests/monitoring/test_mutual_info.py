@@ -224,3 +224,46 @@ def test_identical_inputs_are_one_input(tiny_tokenizer):
 
     xs, zs, own = mi_sample(episodes, tok, group_size=2, max_inputs=3, per_input=2)
     assert len(xs) == 2 and own == [0, 0, 0, 0, 1, 1]  # the first two groups share their prompt
+
+
+@pytest.mark.parametrize("mode", ["zero3", "fsdp"])
+def test_mi_pass_on_weights_sharded_across_two_processes(tmp_path, mode):
+    """The MI pass on a policy sharded by ZeRO-3 or FSDP2 (2 CPU processes, gloo; tests/distributed/dist_mi_sharded.py):
+    the processes hold 2 and 3 inputs, so their own forward passes differ (shared prefix at batch 2: 6 and 12;
+    whole: 4 and 9), yet each makes the larger number (the run would hang otherwise) and both get the mean of
+    the two processes' unsharded statistics."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    from starpo_trl.monitoring.mutual_info import mi_forward_passes
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29570 + ["zero3", "fsdp"].index(mode)),
+        str(root / "tests/distributed/dist_mi_sharded.py"),
+        str(tmp_path),
+        mode,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert r["local_numel"] < r["total_numel"]  # the weights really are sharded
+    for shared in (True, False):
+        a, b = (r[f"shared_{shared}"] for r in ranks)
+        assert (a["num_inputs_own"], b["num_inputs_own"]) == (2, 3)
+        most = max(mi_forward_passes(2, 4, 2, shared), mi_forward_passes(3, 6, 2, shared))
+        assert a["forward_calls"] == b["forward_calls"] == most == (12 if shared else 9)
+        for r in (a, b):
+            assert r["keys_equal"] and r["finite"] and r["max_diff"] < 1e-4
+        assert a["mi_estimate"] == b["mi_estimate"]
