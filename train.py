@@ -25,7 +25,7 @@ from starpo_trl.checkpoints import save_model_extras
 from starpo_trl.config import RunArguments
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
-from starpo_trl.warm_start import warm_start_from_config
+from starpo_trl.warm_start import check_expert_thought, warm_start_from_config
 
 
 def append_report(path: str, result: dict, wall_seconds: float) -> None:
@@ -80,6 +80,13 @@ def check_run(run_args: RunArguments, args: StarPOConfig) -> None:
     """Everything that can be checked before a model loads or a warm start runs."""
     if args.env_id is None:
         raise ValueError("Set env_id, e.g. --env_id starpo/Sokoban-v0")
+    if run_args.warm_start_think not in ("action", "state"):
+        raise ValueError(f"warm_start_think must be 'action' or 'state', got {run_args.warm_start_think!r}")
+    if run_args.warm_start_episodes > 0 and run_args.warm_start_think == "state":
+        if not args.enable_think:
+            raise ValueError("warm_start_think='state' writes the expert's think: set enable_think=true.")
+        for env in args.train_envs():  # each training env must describe its start state
+            check_expert_thought(env.env_id, env.env_kwargs, args.train_seed_offset)
     if run_args.critic_init != "policy" and (
         not get_estimator(args.advantage_estimator).critic or args.critic_type != "full"
     ):

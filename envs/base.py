@@ -72,6 +72,11 @@ class TextEnv(gym.Env):
         """The optimal action (or answer) from the current state."""
         raise NotImplementedError
 
+    def expert_thought(self) -> str | None:
+        """What the expert reads off the current state before it acts, one or two sentences (the warm
+        start's ``warm_start_think: state``), or None where it has nothing to say beyond the action."""
+        return None
+
     def render(self):
         if self.render_mode == "ansi":
             return self.render_text()

@@ -128,6 +128,22 @@ class FrozenLakeEnv(TextEnv):
             rows.append("".join(out))
         return "\n".join(rows)
 
+    def expert_thought(self) -> str:
+        """Where the player and the goal are (rows and columns from 1) and which moves lead into a hole,
+        e.g. ``I am at row 1, column 2. The goal is at row 4, column 4. Holes: Down.``"""
+        ncol = len(self.desc_rows[0])
+        pr, pc = divmod(self.state, ncol)
+        gr, gc = next((r, row.index("G")) for r, row in enumerate(self.desc_rows) if "G" in row)
+        steps = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+        holes = [
+            name
+            for name, (dr, dc) in steps.items()
+            if 0 <= pr + dr < len(self.desc_rows) and 0 <= pc + dc < ncol and self.desc_rows[pr + dr][pc + dc] == "H"
+        ]
+        return f"I am at row {pr + 1}, column {pc + 1}. The goal is at row {gr + 1}, column {gc + 1}. " + (
+            f"Holes: {', '.join(holes)}." if holes else "No hole next to me."
+        )
+
     def expert_action(self) -> str:
         """Optimal action by value iteration on the lake's transition table (success probability)."""
         policy = self._policy_cache.get(self.desc_rows)

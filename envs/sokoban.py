@@ -288,6 +288,21 @@ class SokobanEnv(TextEnv):
             rows.append("".join(row))
         return "\n".join(rows)
 
+    def expert_thought(self) -> str:
+        """Where the player, the boxes off a target and the free targets are (rows and columns from 1),
+        e.g. ``I am at row 3, column 2. Box at row 3, column 3. Target at row 3, column 5.``"""
+
+        def at(cells):
+            return "; ".join(f"row {r + 1}, column {c + 1}" for r, c in sorted(cells))
+
+        loose = [b for b in self.boxes if self.fixed[b] != TARGET]
+        targets = zip(*(self.fixed == TARGET).nonzero())
+        free = [(int(r), int(c)) for r, c in targets if (int(r), int(c)) not in self.boxes]
+        thought = f"I am at row {self.player[0] + 1}, column {self.player[1] + 1}."
+        if loose:
+            thought += f" Box at {at(loose)}. Target at {at(free)}."
+        return thought
+
     def expert_action(self) -> str:
         plan = solve(self.fixed, self.boxes, self.player)
         if not plan:  # already solved or dead end: any action is as good as another

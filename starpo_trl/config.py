@@ -881,6 +881,12 @@ class RunArguments:
             "help": "The expert writes '<answer> X</answer>': with BPE tokenizers ' X' is usually the one token the prompt shows X as (e.g. SmolLM2's ' Crane'; 'Crane' is 'Cr' + 'ane')."
         },
     )
+    warm_start_think: str = field(
+        default="action",
+        metadata={
+            "help": "The expert's think: 'action' ('The best action is X.') or 'state' (what it reads off the state first: FrozenLake, Sokoban)."
+        },
+    )
     warm_start_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the demonstrations."})
     warm_start_learning_rate: float = field(default=1e-5, metadata={"help": "SFT learning rate."})
     warm_start_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})

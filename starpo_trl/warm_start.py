@@ -24,16 +24,53 @@ from starpo_trl.rollout.env_runner import LocalEnv
 from starpo_trl.rollout.prompting import ACTION_SEPARATOR, SYSTEM_PROMPT
 
 
-def expert_reply(actions: list[str], enable_think: bool, space_before_answer: bool = False) -> str:
+def expert_reply(
+    actions: list[str], enable_think: bool, space_before_answer: bool = False, thought: str | None = None
+) -> str:
     """The expert's reply. ``space_before_answer`` writes ``<answer> X</answer>``: with a BPE tokenizer
     a word after a space is usually the one token the prompt shows it as (SmolLM2: `` Crane``), where
-    ``<answer>Crane`` must spell it (``Cr`` + ``ane``). The parser strips the space either way."""
+    ``<answer>Crane`` must spell it (``Cr`` + ``ane``). The parser strips the space either way.
+    ``thought``: what the expert read off the state (``TextEnv.expert_thought``), put before the action
+    in the think."""
     answer = f" {ACTION_SEPARATOR} ".join(actions)
     if space_before_answer:
         answer = " " + answer
     if not enable_think:
         return f"<answer>{answer}</answer>"
-    return f"<think>The best action is {actions[0]}.</think><answer>{answer}</answer>"
+    think = f"The best action is {actions[0]}."
+    if thought:
+        think = f"{thought} {think}"
+    return f"<think>{think}</think><answer>{answer}</answer>"
+
+
+def gym_env(env):
+    """The Gymnasium env behind the engine's handle (the runner is inline for demonstrations)."""
+    return env.env if isinstance(env, LocalEnv) else env
+
+
+def expert_thought(env) -> str:
+    """``TextEnv.expert_thought`` of ``env`` (a Gymnasium text env or the engine's handle on one); an env
+    without one is an error that names the setting to change."""
+    inner = gym_env(env).unwrapped
+    describe = getattr(inner, "expert_thought", None)
+    thought = describe() if describe is not None else None
+    if thought is None:
+        name = type(inner).__name__
+        raise ValueError(
+            f"{name} has no expert_thought(): warm_start_think='state' needs an env that describes its state "
+            "(FrozenLake, Sokoban); use warm_start_think='action'."
+        )
+    return thought
+
+
+def check_expert_thought(env_id: str, env_kwargs: dict, seed: int = 0) -> None:
+    """Raise (as ``expert_thought``) unless ``env_id`` describes its start state: before any model loads."""
+    env = LocalEnv(env_id, env_kwargs)
+    try:
+        env.reset(seed)
+        expert_thought(env)
+    finally:
+        env.env.close()
 
 
 class ExpertBackend:
@@ -41,7 +78,8 @@ class ExpertBackend:
 
     For each episode it plans up to ``actions_per_turn`` actions (within the turn's and the
     episode's budgets) on a copy of the env, so the real env is stepped only by the engine, and
-    returns the reply's tokens with the end-of-turn token (logprobs 0)."""
+    returns the reply's tokens with the end-of-turn token (logprobs 0). ``describe_state``: the think
+    also says what the expert reads off the state (``TextEnv.expert_thought``)."""
 
     needs_envs = True
 
@@ -54,13 +92,14 @@ class ExpertBackend:
         cfg: RolloutConfig,
         rng: np.random.Generator,
         space_before_answer: bool = False,
+        describe_state: bool = False,
     ):
         self.tokenizer, self.turn_end_id, self.noise = tokenizer, turn_end_id, noise
         self.actions_per_turn, self.cfg, self.rng = actions_per_turn, cfg, rng
-        self.space_before_answer = space_before_answer
+        self.space_before_answer, self.describe_state = space_before_answer, describe_state
 
     def _actions(self, env, actions_left: int) -> list[str]:
-        env = env.env if isinstance(env, LocalEnv) else env  # the Gymnasium env itself (the runner is inline)
+        env = gym_env(env)
         named = env.unwrapped.action_names is not None
         n = min(self.actions_per_turn if named else 1, self.cfg.max_actions_per_turn, actions_left)
         plan = copy.deepcopy(env) if n > 1 else env  # later actions are chosen from the state the first ones lead to
@@ -77,7 +116,10 @@ class ExpertBackend:
         out = []
         prefix = self.cfg.prefix_text()  # the prompt already holds it: each demonstration goes on from there
         for env, actions_left in turns:
-            text = expert_reply(self._actions(env, actions_left), self.cfg.enable_think, self.space_before_answer)
+            thought = expert_thought(env) if self.describe_state else None  # the state before this turn's actions
+            text = expert_reply(
+                self._actions(env, actions_left), self.cfg.enable_think, self.space_before_answer, thought
+            )
             if not text.startswith(prefix):
                 raise ValueError(f"reply_prefix {prefix!r} does not open the expert's reply {text!r}")
             text = text[len(prefix) :]
@@ -98,11 +140,12 @@ def demonstrations(
     seed: int = 0,
     system_prompt: str | None = SYSTEM_PROMPT,
     space_before_answer: bool = False,
+    describe_state: bool = False,
 ) -> Dataset:
     """Noisy-expert episodes from ``seeds``, played by the engine: one row each with ``messages``,
     ``reward``, ``success``, and the tokens ``input_ids`` / ``assistant_masks`` (1 on the expert's
     reply tokens and their end-of-turn token) that the warm start trains on. ``space_before_answer``:
-    see `expert_reply`."""
+    see `expert_reply`; ``describe_state``: see `ExpertBackend`."""
     cfg = dataclasses.replace(cfg, env_runner="inline", env_step_timeout=None)  # the expert plans on the env objects
     engine = RolloutEngine(tokenizer, None, cfg, eos_token_ids, system_prompt)
     backend = ExpertBackend(
@@ -113,6 +156,7 @@ def demonstrations(
         cfg,
         np.random.default_rng(seed),
         space_before_answer,
+        describe_state,
     )
     kwargs = tuple(sorted(env_kwargs.items()))
     try:
@@ -205,6 +249,7 @@ def warm_start_from_config(model, tokenizer, run_args, args, output_dir: str | N
                 run_args.warm_start_actions_per_turn,
                 seed=args.seed + i,
                 space_before_answer=run_args.warm_start_space_before_answer,
+                describe_state=run_args.warm_start_think == "state",
             )
             for i, (env, count) in enumerate(zip(envs, counts))
             if count

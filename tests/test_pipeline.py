@@ -207,6 +207,67 @@ def test_the_expert_keeps_to_the_action_budgets(tiny_tokenizer):
     assert answers == [["Right", "Right"], ["Down"]] and not demo["success"]  # the clean expert's path on lake 11
 
 
+def test_the_expert_says_what_it_reads_off_the_state_before_its_action(tiny_tokenizer):
+    """warm_start_think: state. On a fixed lake the thought of each turn is worked out by hand from the grid
+    (rows and columns from 1, the moves that fall into a hole) and comes before the action in the think."""
+    from starpo_trl.warm_start import expert_reply
+
+    assert expert_reply(["Down"], True, thought="I am here.") == (
+        "<think>I am here. The best action is Down.</think><answer>Down</answer>"
+    )
+    assert expert_reply(["Down"], False, thought="I am here.") == "<answer>Down</answer>"
+    lake = ["SFFF", "FHFH", "FFFH", "HFFG"]  # Gymnasium's 4x4 map
+    (demo,) = demonstrations(
+        tiny_tokenizer,
+        [tiny_tokenizer.eos_token_id],
+        "starpo/FrozenLake-v0",
+        {"is_slippery": False, "desc": lake},
+        [0],
+        0.0,
+        RolloutConfig(max_turns=2),
+        describe_state=True,
+    )
+    replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+    # the expert (value iteration, ties to the lowest action) goes Down, Down from the start
+    assert replies == [
+        "<think>I am at row 1, column 1. The goal is at row 4, column 4. No hole next to me. "
+        "The best action is Down.</think><answer>Down</answer>",
+        "<think>I am at row 2, column 1. The goal is at row 4, column 4. Holes: Right. "
+        "The best action is Down.</think><answer>Down</answer>",
+    ]
+
+
+def test_sokoban_thought_by_hand():
+    import gymnasium as gym
+
+    env = gym.make("starpo/Sokoban-v0")
+    env.reset(seed=3)
+    inner = env.unwrapped
+    # the room of seed 3 (paper symbols): player at (2, 4), box X at (3, 2), target O at (2, 3), 0-based
+    assert inner.render_text().splitlines()[2:4] == ["#_#OP#", "#_X__#"]
+    assert inner.expert_thought() == "I am at row 3, column 5. Box at row 4, column 3. Target at row 3, column 4."
+    inner.boxes = {(2, 3)}  # the box on its target: nothing left to say but where the player is
+    assert inner.expert_thought() == "I am at row 3, column 5."
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"warm_start_think": "states"}, "must be 'action' or 'state'"),
+        ({"warm_start_think": "state"}, "BanditEnv has no expert_thought"),
+        ({"warm_start_think": "state", "env_id": "starpo/FrozenLake-v0", "enable_think": False}, "enable_think=true"),
+    ],
+)
+def test_a_state_think_the_env_cannot_give_fails_before_the_model_loads(tmp_path, monkeypatch, extra, message):
+    import train
+
+    config = yaml.safe_load((ROOT / "recipes/demo-cpu-bandit.yaml").read_text())
+    parsed = train.parser().parse_dict({**config, "output_dir": str(tmp_path), **extra})
+    monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        train.main(*parsed)
+
+
 def test_the_closing_line_names_each_eval_env_and_says_when_success_is_pooled(tmp_path):
     from helpers import make_args
 
