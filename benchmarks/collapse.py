@@ -1,7 +1,8 @@
 """The collapse guard on a real CPU run: a recipe pushed into collapse vs the StarPO-S recipe.
 
     python benchmarks/collapse.py        # about 40 minutes on 2 CPU cores (make bench-collapse)
-    python benchmarks/collapse.py --real # SmolLM2-135M-Instruct, plain GRPO (about 75 minutes)
+    python benchmarks/collapse.py --real [NAME] # SmolLM2-135M-Instruct, plain GRPO (REAL_RUNS; 70-90 minutes)
+    python benchmarks/collapse.py --start-mi    # the MI of its two warm starts before RL (about 25 minutes)
 
 Both runs start from the same warm-started tiny model on non-slippery FrozenLake (the CPU demo),
 with `collapse_guard=warn` and its default thresholds, side by side in two processes:
@@ -22,11 +23,13 @@ events) is saved beside the results as benchmarks/collapse-<run>.png.
 model's reasoning is template words, so its MI metrics sit at chance): SmolLM2-135M-Instruct after
 the warm start of `recipes/smollm2-cpu-frozenlake.yaml` (SFT on a noisy expert, its noise lowered to
 0.1 for a higher starting success; built once in runs/bench-collapse/real-warm) is trained with that
-recipe's rollouts on 8 lakes x 4 episodes a step, but plain GRPO (no filter, no entropy bonus), the
-learning rate ramped to 2x the recipe's over the first half (10x crashed it inside every rule's
-warm-up), and the MI pass every 2 steps on a uniformly drawn turn of two episodes per lake (8
-inputs, 16 reasonings). One run ("real-collapse"; its results go to the "collapse_real" section);
-it stops cleanly after 85 minutes if its 24 steps are not done. docs/monitoring.md reads the runs.
+recipe's rollouts on 8 lakes x 4 episodes a step, but plain GRPO (no filter, no entropy bonus), a
+ramped learning rate (REAL_RUNS: `real-collapse`, the default, 2x the recipe's over 12 steps;
+`real-5x`, 5x over 20 steps; `real-5x-state`, that from the warm start whose expert thinks describe
+the state), and the MI pass every 2 steps on a uniformly drawn turn of two episodes per lake (8
+inputs, 16 reasonings). Each run has its own results section; it stops cleanly after 85 minutes if
+its steps are not done. `--start-mi` measures the MI of the two warm starts before any RL.
+docs/monitoring.md reads the runs.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ REAL_BUDGET_S = 85 * 60  # a run stops cleanly (its report written) after this l
 REAL_RECIPE = "smollm2-cpu-frozenlake.yaml"
 REAL_WARM = OUT / "real-warm"  # that recipe's warm start (SFT on a noisy expert), with the expert's noise at 0.1
 REAL_WARM_NOISE = 0.1
+REAL_WARM_STATE = OUT / "real-warm-state"  # the same warm start with warm_start_think: state
 REAL_COMMON = dict(
     num_start_states=8,  # 8 lakes x 4 rollouts (the recipe: 4 x 8): twice the inputs per MI pass
     num_generations=4,
@@ -73,13 +77,18 @@ REAL_COMMON = dict(
     mi_metrics_inputs=8,
     mi_metrics_per_input=2,
 )
-# run name -> (results.json section, settings). 10x the recipe's learning rate (2e-4 over a 12-step ramp)
-# crashed this start by step 6, inside every rule's 10-log warm-up; 2x did not crash in 24 steps; 5x ramps
-# over 20 steps so that it passes 2x only after the warm-up.
+# run name -> (results.json section, warm start's think, settings). 10x the recipe's learning rate (2e-4 over a
+# 12-step ramp) crashed this start by step 6, inside every rule's 10-log warm-up; 2x did not crash in 24 steps;
+# 5x ramps over 20 steps so that it passes 2x only after the warm-up. real-5x-state: the same from the warm
+# start whose expert thinks describe the state (warm_start_think: state), where the reasoning carries more
+# of its input for MI to lose.
+FIVE_X = dict(REAL_COMMON, max_steps=30, learning_rate=1e-4, warmup_steps=20)
 REAL_RUNS = {
-    "real-collapse": ("collapse_real", dict(REAL_COMMON, max_steps=24, learning_rate=4e-5, warmup_steps=12)),
-    "real-5x": ("collapse_real_5x", dict(REAL_COMMON, max_steps=30, learning_rate=1e-4, warmup_steps=20)),
+    "real-collapse": ("collapse_real", "action", dict(REAL_COMMON, max_steps=24, learning_rate=4e-5, warmup_steps=12)),
+    "real-5x": ("collapse_real_5x", "action", FIVE_X),
+    "real-5x-state": ("collapse_real_5x_state", "state", FIVE_X),
 }
+WARM_DIRS = {"action": REAL_WARM, "state": REAL_WARM_STATE}
 
 
 def warm_model() -> pathlib.Path:
@@ -232,11 +241,11 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
     """SmolLM2-135M-Instruct after its FrozenLake recipe, pushed toward collapse with the MI pass every 2 steps."""
     from report import store
 
-    section, settings = REAL_RUNS[name]
+    section, think, settings = REAL_RUNS[name]
     if not replay:
         from learning import warm_started
 
-        warm = warm_started(REAL_RECIPE, REAL_WARM, warm_start_noise=REAL_WARM_NOISE)
+        warm = warm_started(REAL_RECIPE, WARM_DIRS[think], warm_start_noise=REAL_WARM_NOISE, warm_start_think=think)
         worker(name, REAL_RECIPE, warm, settings, budget_s=REAL_BUDGET_S)
     result = summarise(name, settings, every=settings["mi_metrics_every"])
     history = json.loads((OUT / name / "report.json").read_text())["log_history"]
@@ -245,7 +254,9 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
         section,
         {
             "command": "python benchmarks/collapse.py --real" + ("" if name == "real-collapse" else f" {name}"),
-            "model": f"SmolLM2-135M-Instruct (the warm start of recipes/{REAL_RECIPE}, expert noise {REAL_WARM_NOISE})",
+            "model": f"SmolLM2-135M-Instruct (the warm start of recipes/{REAL_RECIPE}, expert noise {REAL_WARM_NOISE}"
+            + (", the expert's think describing the state first" if think == "state" else "")
+            + ")",
             "steps": sum(1 for r in history if "loss" in r),  # fewer than planned for a run stopped early
             "planned_steps": settings["max_steps"],
             "run": result,
@@ -263,6 +274,61 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
                 for r in mi_rows
             ],
         },
+    )
+
+
+def start_mi(lakes: int = 8, per_lake: int = 4, rollouts: int = 2) -> None:
+    """How much the reasoning carries its input before any RL, for the two warm starts of the real model:
+    the expert's think naming only the action (``warm_start_think: action``, the collapse runs' start) or
+    saying what it reads off the state first (``state``). Each plays the same ``rollouts`` x ``lakes`` lakes x
+    ``per_lake`` episodes (sampled as in training) and takes the MI pass of the collapse runs on each
+    (a uniformly drawn turn of every episode). Stored as the "mi_warm_starts" section."""
+    import statistics
+
+    import torch
+    from learning import parse, warm_started
+    from report import store
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.rollout import StartState
+
+    rows = {}
+    for think, warm_dir in WARM_DIRS.items():
+        warm = warm_started(REAL_RECIPE, warm_dir, warm_start_noise=REAL_WARM_NOISE, warm_start_think=think)
+        settings = dict(REAL_COMMON, num_start_states=lakes, num_generations=per_lake, mi_metrics_inputs=lakes)
+        settings["mi_metrics_per_input"] = per_lake
+        _, args, _, _ = parse(REAL_RECIPE, output_dir=str(OUT / f"start-mi-{think}"), disable_tqdm=True, **settings)
+        tok = AutoTokenizer.from_pretrained(warm)
+        model = AutoModelForCausalLM.from_pretrained(warm, dtype=torch.float32)
+        trainer = MultiTurnStarPOTrainer(model, args, processing_class=tok)
+        env = args.train_envs()[0]
+        kwargs = tuple(sorted(env.env_kwargs.items()))
+        passes, success = [], []
+        for r in range(rollouts):
+            seeds = range(args.train_seed_offset + r * lakes, args.train_seed_offset + (r + 1) * lakes)
+            starts = [StartState(env.env_id, seed, kwargs) for seed in seeds for _ in range(per_lake)]
+            torch.manual_seed(r)
+            rollout = trainer.play(starts, trainer.temperature)
+            success.append(statistics.mean(float(ep.success) for ep in rollout))
+            passes.append(trainer.step_log.mutual_information(model, rollout, tok, trainer.temperature, step=r))
+            print(think, r, success[-1], {k: round(v, 3) for k, v in passes[-1].items()}, flush=True)
+        think_text = next(
+            (m["content"] for ep in rollout for m in ep.messages if m["role"] == "assistant"), ""
+        )  # one reply, to show
+        rows[think] = {
+            "success": round(statistics.mean(success), 4),
+            "example_reply": think_text,
+            **{
+                key: round(statistics.mean(p[f"collapse/{key}"] for p in passes), 4)
+                for key in ("mi_estimate", "retrieval_accuracy", "retrieval_chance", "num_inputs", "num_reasonings")
+            },
+            "mi_per_pass": [round(p["collapse/mi_estimate"], 4) for p in passes],
+            "mi_seconds": round(statistics.mean(p["collapse/mi_seconds"] for p in passes), 1),
+        }
+    store(
+        "mi_warm_starts",
+        {"lakes": lakes, "per_lake": per_lake, "rollouts": rollouts, "noise": REAL_WARM_NOISE, "by_think": rows},
     )
 
 
@@ -308,6 +374,8 @@ def crash_rows(history: list[dict]) -> list[tuple[int, float]]:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
+    elif "--start-mi" in sys.argv:
+        start_mi()
     elif "--real" in sys.argv:
         names = [a for a in sys.argv[1:] if not a.startswith("--")]
         real(*(names or ["real-collapse"]), replay="--replay" in sys.argv)

@@ -312,6 +312,8 @@ def write(results: dict) -> None:
         ]
     for key in sorted(k for k in results if k.startswith("collapse_real")):  # one section per real-model run
         lines += collapse_real_lines(results[key])
+    if "mi_warm_starts" in results:
+        lines += mi_warm_starts_lines(results["mi_warm_starts"])
     if "real_model" in results:
         r = results["real_model"]
         lines += [
@@ -476,6 +478,30 @@ def guard_events_cell(run: dict) -> str:
     return (
         "; ".join(f"{st}: {', '.join(rules)}" for st, rules in zip(run["guard_steps"], run["guard_rules"])) or "none"
     )
+
+
+def mi_warm_starts_lines(r: dict) -> list[str]:
+    """How much the reasoning carries its input before RL, per warm-start think (`collapse.py --start-mi`)."""
+    lines = [
+        f"## MI of the real model's warm starts (`python benchmarks/collapse.py --start-mi`, {r['machine']}, {r['measured_at']})",
+        "",
+        f"SmolLM2-135M-Instruct warm-started as in the real-model collapse runs (expert noise {r['noise']}), the "
+        "expert's think naming only the action or first saying what it reads off the state "
+        f"(`warm_start_think`); {r['rollouts']} rollouts of {r['lakes']} lakes x {r['per_lake']} episodes each, "
+        "the MI pass on a uniformly drawn turn of every episode; means over the rollouts.",
+        "",
+        "| think | train success | I(X;Z) nats (per pass) | retrieval accuracy | chance | inputs x reasonings | MI pass s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for think, x in r["by_think"].items():
+        lines.append(
+            f"| {think} | {x['success']:.3f} | {x['mi_estimate']:.3f} ({', '.join(f'{v:.2f}' for v in x['mi_per_pass'])}) | "
+            f"{x['retrieval_accuracy']:.3f} | {x['retrieval_chance']:.3f} | {x['num_inputs']:.0f} x {x['num_reasonings']:.0f} | "
+            f"{x['mi_seconds']:.0f} |"
+        )
+    lines += ["", "A reply of each, as sampled:", ""]
+    lines += [f"- {think}: `{x['example_reply']}`" for think, x in r["by_think"].items()]
+    return lines + [""]
 
 
 def mi_pass_lines(r: dict) -> list[str]:

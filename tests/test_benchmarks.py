@@ -182,6 +182,30 @@ def test_mi_pass_rows_and_table(tmp_path, monkeypatch, tiny_tokenizer):
     assert "| 2 | 6 / 9 | 8.00 | 2.00 | 4.0 |" in text
 
 
+def test_mi_warm_starts_table(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    row = {
+        "success": 0.25,
+        "example_reply": "<think>The best action is Down.</think><answer>Down</answer>",
+        "mi_estimate": 0.2,
+        "retrieval_accuracy": 0.125,
+        "retrieval_chance": 0.0714,
+        "num_inputs": 14.0,
+        "num_reasonings": 32.0,
+        "mi_per_pass": [0.1, 0.3],
+        "mi_seconds": 20.4,
+    }
+    by_think = {"action": row, "state": {**row, "mi_estimate": 1.5, "mi_per_pass": [1.4, 1.6]}}
+    report.store("mi_warm_starts", {"lakes": 8, "per_lake": 4, "rollouts": 2, "noise": 0.1, "by_think": by_think})
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| action | 0.250 | 0.200 (0.10, 0.30) | 0.125 | 0.071 | 14 x 32 | 20 |" in text
+    assert "| state | 0.250 | 1.500 (1.40, 1.60) |" in text
+    assert "- action: `<think>The best action is Down.</think><answer>Down</answer>`" in text
+
+
 def test_filter_strategies_table(tmp_path, monkeypatch):
     import report
 
@@ -300,7 +324,7 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     assert run["mi_overhead"] == 0.15 and run["mi_passes"] == 10
     assert run["mi_retrieval_mean"] == 0.5 and run["mi_estimate_mean"] == 0.25
     assert [m["step"] for m in stored["mi_passes"]] == list(range(2, 21, 2))
-    assert stored["steps"] == 20 and stored["planned_steps"] == collapse.REAL_RUNS["real-collapse"][1]["max_steps"]
+    assert stored["steps"] == 20 and stored["planned_steps"] == collapse.REAL_RUNS["real-collapse"][2]["max_steps"]
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "(`python benchmarks/collapse.py --real`," in text
     assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
@@ -313,7 +337,7 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     collapse.real("real-5x", replay=True)
     both = json.loads((tmp_path / "results.json").read_text())
     assert both["collapse_real"]["steps"] == 20 and both["collapse_real_5x"]["steps"] == 12
-    assert both["collapse_real_5x"]["planned_steps"] == collapse.REAL_RUNS["real-5x"][1]["max_steps"]
+    assert both["collapse_real_5x"]["planned_steps"] == collapse.REAL_RUNS["real-5x"][2]["max_steps"]
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert (
         "(`python benchmarks/collapse.py --real`," in text
