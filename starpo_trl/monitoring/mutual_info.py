@@ -163,6 +163,52 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     return logps.gather(-1, targets[..., None])[..., 0]
 
 
+def _score_shared_prefix(model, inputs, reasonings, pad_token_id, batch_size, temperature, device, out) -> int:
+    """``cross_logprobs`` into ``out``, each input read once (its cache copied under the reasonings); returns
+    the forward passes made."""
+    made = 0
+    for j, x in enumerate(inputs):
+        ids = torch.tensor([x], device=device)
+        read = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+        made += 1
+        past = read.get(CACHE_NAME, read.get("past_key_values"))
+        if not hasattr(past, "batch_repeat_interleave"):
+            raise ValueError(
+                f"{type(model).__name__} returned no extendable key-value cache for the MI pass's shared prefix: "
+                "set mi_metrics_shared_prefix=False (every input + reasoning read whole)"
+            )
+        first = torch.log_softmax(read.logits[0, -1].float() / temperature, dim=-1).cpu()
+        for b in range(0, len(reasonings), batch_size):
+            chunk = reasonings[b : b + batch_size]
+            cache = copy.deepcopy(past)
+            cache.batch_repeat_interleave(len(chunk))
+            ids, attention = _padded(chunk, pad_token_id)
+            attention = torch.cat([torch.ones((len(chunk), len(x)), dtype=torch.long), attention], dim=1)
+            logits = model(
+                input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=True, **{CACHE_NAME: cache}
+            ).logits
+            made += 1
+            logps = _token_logprobs(logits[:, :-1], ids[:, 1:].to(device), temperature).cpu()
+            for r, z in enumerate(chunk):  # z[0] from the input's last logit, z[t] from the logit at t - 1
+                out[b + r, j] = first[z[0]] + logps[r, : len(z) - 1].sum()
+    return made
+
+
+def _score_whole(model, inputs, reasonings, pad_token_id, batch_size, temperature, device, out) -> int:
+    """``cross_logprobs`` into ``out``, every (input, reasoning) concatenation read whole; returns the
+    forward passes made."""
+    jobs = [(i, j) for i in range(len(reasonings)) for j in range(len(inputs))]
+    for b in range(0, len(jobs), batch_size):
+        chunk = jobs[b : b + batch_size]
+        ids, attention = _padded([inputs[j] + reasonings[i] for i, j in chunk], pad_token_id)
+        logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
+        logps = _token_logprobs(logits[:, :-1], ids[:, 1:].to(device), temperature).cpu()
+        for r, (i, j) in enumerate(chunk):
+            first = len(inputs[j]) - 1  # the logit at position t predicts token t + 1
+            out[i, j] = logps[r, first : first + len(reasonings[i])].sum()
+    return -(-len(jobs) // batch_size)
+
+
 @torch.no_grad()
 def cross_logprobs(
     model,
@@ -187,45 +233,9 @@ def cross_logprobs(
     device = next(model.parameters()).device
     out = torch.empty(len(reasonings), len(inputs))
     made = 0
-    if shared_prefix and reasonings:
-        for j, x in enumerate(inputs):
-            ids = torch.tensor([x], device=device)
-            read = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
-            made += 1
-            past = read.get(CACHE_NAME, read.get("past_key_values"))
-            if not hasattr(past, "batch_repeat_interleave"):
-                raise ValueError(
-                    f"{type(model).__name__} returned no extendable key-value cache for the MI pass's shared prefix: "
-                    "set mi_metrics_shared_prefix=False (every input + reasoning read whole)"
-                )
-            first = torch.log_softmax(read.logits[0, -1].float() / temperature, dim=-1).cpu()
-            for b in range(0, len(reasonings), batch_size):
-                chunk = reasonings[b : b + batch_size]
-                cache = copy.deepcopy(past)
-                cache.batch_repeat_interleave(len(chunk))
-                ids, attention = _padded(chunk, pad_token_id)
-                attention = torch.cat([torch.ones((len(chunk), len(x)), dtype=torch.long), attention], dim=1)
-                logits = model(
-                    input_ids=ids.to(device),
-                    attention_mask=attention.to(device),
-                    use_cache=True,
-                    **{CACHE_NAME: cache},
-                ).logits
-                made += 1
-                logps = _token_logprobs(logits[:, :-1], ids[:, 1:].to(device), temperature).cpu()
-                for r, z in enumerate(chunk):  # z[0] from the input's last logit, z[t] from the logit at t - 1
-                    out[b + r, j] = first[z[0]] + logps[r, : len(z) - 1].sum()
-    elif reasonings:
-        jobs = [(i, j) for i in range(len(reasonings)) for j in range(len(inputs))]
-        for b in range(0, len(jobs), batch_size):
-            chunk = jobs[b : b + batch_size]
-            ids, attention = _padded([inputs[j] + reasonings[i] for i, j in chunk], pad_token_id)
-            logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
-            made += 1
-            logps = _token_logprobs(logits[:, :-1], ids[:, 1:].to(device), temperature).cpu()
-            for r, (i, j) in enumerate(chunk):
-                first = len(inputs[j]) - 1  # the logit at position t predicts token t + 1
-                out[i, j] = logps[r, first : first + len(reasonings[i])].sum()
+    if reasonings:
+        score = _score_shared_prefix if shared_prefix else _score_whole
+        made = score(model, inputs, reasonings, pad_token_id, batch_size, temperature, device, out)
     for _ in range(made, num_batches):  # stand-ins: the same number of passes on every process
         ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
