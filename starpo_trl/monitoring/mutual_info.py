@@ -171,7 +171,7 @@ def _score_shared_prefix(model, inputs, reasonings, pad_token_id, batch_size, te
         ids = torch.tensor([x], device=device)
         read = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
         made += 1
-        past = read.get(CACHE_NAME, read.get("past_key_values"))
+        past = read.get(CACHE_NAME)
         if not hasattr(past, "batch_repeat_interleave"):
             raise ValueError(
                 f"{type(model).__name__} returned no extendable key-value cache for the MI pass's shared prefix: "
