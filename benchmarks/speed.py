@@ -167,15 +167,24 @@ def kv_reuse_speedup(model, tok, starts, cfg, repeats: int = REPEATS) -> tuple[f
     return statistics.median(ratios), runs
 
 
-def real_model_kv_reuse() -> dict:
+def offline_smollm2():
+    """SmolLM2-135M-Instruct's (model, tokenizer) when it has been built (``make model``), else None."""
     from starpo_trl.offline_model import DEFAULT_DIR, is_built
 
     if not is_built(DEFAULT_DIR):
-        return {}
+        return None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(DEFAULT_DIR)
-    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        DEFAULT_DIR
+    )
+
+
+def real_model_kv_reuse() -> dict:
+    loaded = offline_smollm2()
+    if loaded is None:
+        return {}
+    model, tok = loaded
     starts = [StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in range(8)]
     ratio, _ = kv_reuse_speedup(model, tok, starts, RolloutConfig(max_turns=3, max_tokens_per_turn=24))
     return {"kv_reuse_speedup_smollm2": ratio}
@@ -299,13 +308,10 @@ def demo_peak_rss_mib() -> float:
 
 def mi_pass_model() -> tuple[torch.nn.Module, str]:
     """SmolLM2-135M-Instruct when it has been built (``make model``), else the tiny model."""
-    from starpo_trl.offline_model import DEFAULT_DIR, is_built
-
-    if not is_built(DEFAULT_DIR):
+    loaded = offline_smollm2()
+    if loaded is None:
         return build_tiny_model(build_tiny_tokenizer()), "the tiny model"
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32), "SmolLM2-135M-Instruct"
+    return loaded[0], "SmolLM2-135M-Instruct"
 
 
 def mi_pass_rows(
