@@ -1,6 +1,14 @@
 """Shared test helpers."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 from starpo_trl import StarPOConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # a small LoRA on the tiny model, as train.py flags
 TINY_LORA_FLAGS = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
@@ -36,3 +44,14 @@ def filter_settings(**kw):
 
     base = {f.name: f.default for f in dataclasses.fields(StarPOConfig) if f.name.startswith("rollout_filter_")}
     return SimpleNamespace(**{**base, **kw})
+
+
+def run_two_processes(script: str, out, port: int, *args: str) -> list[dict]:
+    """``tests/distributed/<script> out *args`` under torchrun in 2 CPU processes (gloo); each rank's
+    ``rank-N.json`` from ``out``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    cmd += [str(ROOT / "tests/distributed" / script), str(out), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return [json.loads((pathlib.Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]

@@ -280,34 +280,9 @@ def test_critic_learns_a_return_that_is_predictable_end_to_end(tmp_path, tiny_to
 def test_sharded_critic_optimizer_matches_plain_adamw_across_two_processes(tmp_path):
     """ZeRO-1 for the critic: each process keeps part of the AdamW state, the weights stay identical
     everywhere and equal a plain AdamW's, and the saved state is whole (a single process resumes it)."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
+    from helpers import run_two_processes
 
-    root = pathlib.Path(__file__).resolve().parents[2]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        "29541",
-        str(root / "tests/distributed/dist_critic.py"),
-        str(tmp_path),
-    ]
-    run = subprocess.run(
-        cmd,
-        cwd=root,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_two_processes("dist_critic.py", tmp_path, 29541)
     for r in ranks:
         assert r["sharded"] and r["moved"]
         assert r["max_diff"] < 1e-6 and r["resume_diff"] < 1e-6
@@ -327,36 +302,10 @@ def test_sharded_critic_matches_plain_adamw_across_two_processes(tmp_path, mode)
     """The full critic sharded on 2 CPU processes (gloo): by its own DeepSpeed engine with the policy's ZeRO
     stage (ZeRO-2 shards its AdamW state, ZeRO-3 its weights too), or by Accelerate's FSDP2 as the policy
     is. Each matches an unsharded critic step for step, saves whole weights and resumes exactly."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
+    from helpers import run_two_processes
 
-    root = pathlib.Path(__file__).resolve().parents[2]
     port = 29560 + ["zero2", "zero3", "zero3_offload", "fsdp"].index(mode)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        str(root / "tests/distributed/dist_critic_sharded.py"),
-        str(tmp_path),
-        mode,
-    ]
-    run = subprocess.run(
-        cmd,
-        cwd=root,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_two_processes("dist_critic_sharded.py", tmp_path, port, mode)
     total = ranks[0]["total"]
     for r in ranks:
         assert r["moved"] and r["values_diff"] == 0.0  # same weights before training

@@ -232,31 +232,9 @@ def test_mi_pass_on_weights_sharded_across_two_processes(tmp_path, mode):
     the processes hold 2 and 3 inputs, so their own forward passes differ (shared prefix at batch 2: 6 and 12;
     whole: 4 and 9), yet each makes the larger number (the run would hang otherwise) and both get the mean of
     the two processes' unsharded statistics."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
+    from helpers import run_two_processes
 
-    from starpo_trl.monitoring.mutual_info import mi_forward_passes
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(29570 + ["zero3", "fsdp"].index(mode)),
-        str(root / "tests/distributed/dist_mi_sharded.py"),
-        str(tmp_path),
-        mode,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_two_processes("dist_mi_sharded.py", tmp_path, 29570 + ["zero3", "fsdp"].index(mode), mode)
     for r in ranks:
         assert r["local_numel"] < r["total_numel"]  # the weights really are sharded
     for shared in (True, False):
