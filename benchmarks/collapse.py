@@ -161,6 +161,33 @@ def halved_step(history: list[dict], key: str, early_n: int = 10, window: int = 
     return early, None
 
 
+def raw_crossings(history: list[dict], env_name: str) -> dict[str, dict]:
+    """When each indicator's raw (unsmoothed) value first fell below its rule's threshold: the rule's fraction
+    of its early level (the mean of its first values: the rules' warm-up for the per-step signals, the
+    retrieval warm-up for the MI pass's). I(X;Z) has no rule of its own; it is judged as retrieval is. The
+    guard's rules smooth these series and wait ``patience`` logs, so this is the earliest they could warn."""
+    from starpo_trl.monitoring import keys
+    from starpo_trl.monitoring.guard import GuardRules
+
+    r = GuardRules()
+    signals = {  # name -> (log key, fraction, early values)
+        "reward_std": (keys.GROUP_REWARD_STD.format(env=env_name), r.reward_std_fraction, r.warmup_steps),
+        "entropy": (keys.ENTROPY, r.entropy_fraction, r.warmup_steps),
+        "retrieval": (keys.RETRIEVAL_ACCURACY, r.retrieval_fraction, r.retrieval_warmup),
+        "mi_estimate": (keys.MI_ESTIMATE, r.retrieval_fraction, r.retrieval_warmup),
+    }
+    out = {}
+    for name, (key, fraction, n) in signals.items():
+        rows = [(row["step"], float(row[key])) for row in history if key in row]
+        if len(rows) <= n:
+            continue
+        early = sum(v for _, v in rows[:n]) / n
+        threshold = fraction * early
+        first = next((step for step, v in rows[n:] if v < threshold), None)
+        out[name] = {"early": round(early, 4), "threshold": round(threshold, 4), "first_step": first}
+    return out
+
+
 def guard_events(history: list[dict], env_name: str) -> list[dict]:
     """The guard's events with the shipped default rules, over a logged history (as the live guard in warn mode)."""
     from learning import parse
@@ -230,6 +257,7 @@ def summarise(name: str, settings, every: int | None = None) -> dict:
         "early_success": round(early, 4),
         "success_halved_step": halved,
         "retrieval_first_step": next((e["step"] for e in events if "retrieval" in e["rules"]), None),
+        "raw_crossings": raw_crossings(history, "FrozenLake-v0"),
         "mi_overhead": mi_overhead(history, every),
         **mi_summary(history),
         "wall_seconds": report["wall_seconds"],
@@ -241,7 +269,7 @@ def summarise(name: str, settings, every: int | None = None) -> dict:
 
 def real(name: str = "real-collapse", replay: bool = False) -> None:
     """SmolLM2-135M-Instruct after its FrozenLake recipe, pushed toward collapse with the MI pass every 2 steps."""
-    from report import store
+    from report import load, store
 
     section, think, settings = REAL_RUNS[name]
     if not replay:
@@ -252,9 +280,12 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
     result = summarise(name, settings, every=settings["mi_metrics_every"])
     history = json.loads((OUT / name / "report.json").read_text())["log_history"]
     mi_rows = [r for r in history if "collapse/retrieval_accuracy" in r]
+    # a replay re-judges the logged run: it keeps the time the run was measured
+    measured = load().get(section, {}).get("measured_at") if replay else None
     store(
         section,
         {
+            **({"measured_at": measured} if measured else {}),
             "command": "python benchmarks/collapse.py --real" + ("" if name == "real-collapse" else f" {name}"),
             "model": f"SmolLM2-135M-Instruct (the warm start of recipes/{REAL_RECIPE}, expert noise {REAL_WARM_NOISE}"
             + (", the expert's think describing the state first" if think == "state" else "")
@@ -262,6 +293,23 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
             "steps": sum(1 for r in history if "loss" in r),  # fewer than planned for a run stopped early
             "planned_steps": settings["max_steps"],
             "run": result,
+            "per_step": [  # what the docs read the run by (runs/ is not kept)
+                {
+                    k: r[k]
+                    for k in (
+                        "step",
+                        "env/FrozenLake-v0/success",
+                        "env/FrozenLake-v0/group_reward_std_mean",
+                        "env/FrozenLake-v0/format_error_rate",
+                        "entropy",
+                        "reasoning/think_words",
+                        "reasoning/template_share",
+                    )
+                    if k in r
+                }
+                for r in history
+                if "loss" in r
+            ],
             "mi_passes": [
                 {
                     k: r.get(k)

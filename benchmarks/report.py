@@ -548,6 +548,22 @@ def collapse_real_lines(r: dict) -> list[str]:
         f"| {x['early_success']:.3f} | {guard_events_cell(x)} | {x['retrieval_first_step'] or 'never'} | {x['success_halved_step'] or 'never'} | "
         f"{100 * (x['mi_overhead'] or 0):.1f}% | {x['wall_seconds']:.0f} | `{x['png']}` |",
         "",
+    ]
+    if x.get("raw_crossings"):
+        lines += [
+            "When each indicator's raw value first fell below its rule's threshold (the rule's fraction of the mean "
+            "of its first values; the rules smooth and wait 2 logs, so this is the earliest they could warn):",
+            "",
+            "| indicator | early level | threshold | first step below |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {c['early']:.3f} | {c['threshold']:.3f} | {c['first_step'] or 'never'} |"
+            for name in ("reward_std", "entropy", "retrieval", "mi_estimate")  # results.json sorts its keys
+            if (c := x["raw_crossings"].get(name))
+        ]
+        lines.append("")
+    lines += [
         "| step | retrieval accuracy | chance | I(X;Z) nats | MI z-score |",
         "|---|---|---|---|---|",
     ]

@@ -288,7 +288,10 @@ def test_context_windows_table(tmp_path, monkeypatch):
 def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     """`collapse.py --real --replay` on a hand-made history: early success 0.4 over the first 10 rollouts,
     then 0.1, so the 5-rollout average first falls below 0.2 at step 14 ((0.4 + 4 x 0.1) / 5 = 0.16);
-    MI passes every 2 steps at 3 s against 10-s steps: 15% of the step time."""
+    MI passes every 2 steps at 3 s against 10-s steps: 15% of the step time. Raw crossings: retrieval's early
+    level is its first 3 passes (0.75), threshold 0.375, first below at step 12 (0.25); I(X;Z) 0.5 -> 0.25, step
+    12; the in-group reward std's early level is its first 10 logs (0.5), threshold 0.4 x 0.5 = 0.2: 0.3 in
+    steps 11-14 is not below it, 0.1 from step 15 is; entropy is not logged, so it has no row."""
     import collapse
     import report
 
@@ -301,6 +304,7 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     history = []
     for step in range(1, 21):
         row = {"step": step, "loss": 0.1, "step_time": 10.0, "env/FrozenLake-v0/success": 0.4 if step <= 10 else 0.1}
+        row["env/FrozenLake-v0/group_reward_std_mean"] = 0.5 if step <= 10 else (0.3 if step <= 14 else 0.1)
         if step % 2 == 0:
             acc = 0.75 if step <= 10 else 0.25
             row.update(
@@ -325,6 +329,23 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     assert run["mi_retrieval_mean"] == 0.5 and run["mi_estimate_mean"] == 0.25
     assert [m["step"] for m in stored["mi_passes"]] == list(range(2, 21, 2))
     assert stored["steps"] == 20 and stored["planned_steps"] == collapse.REAL_RUNS["real-collapse"][2]["max_steps"]
+    assert run["raw_crossings"] == {
+        "reward_std": {"early": 0.5, "threshold": 0.2, "first_step": 15},
+        "retrieval": {"early": 0.75, "threshold": 0.375, "first_step": 12},
+        "mi_estimate": {"early": 0.5, "threshold": 0.25, "first_step": 12},
+    }
+    assert [r["step"] for r in stored["per_step"]] == list(range(1, 21))
+    assert stored["per_step"][14]["env/FrozenLake-v0/group_reward_std_mean"] == 0.1
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| retrieval | 0.750 | 0.375 | 12 |" in text and "| reward_std | 0.500 | 0.200 | 15 |" in text
+    # a replay re-judges the run but keeps the time it was measured
+    results = json.loads((tmp_path / "results.json").read_text())
+    results["collapse_real"]["measured_at"] = "2026-01-01 00:00 UTC"
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    collapse.real(replay=True)
+    assert (
+        json.loads((tmp_path / "results.json").read_text())["collapse_real"]["measured_at"] == "2026-01-01 00:00 UTC"
+    )
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "(`python benchmarks/collapse.py --real`," in text
     assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
