@@ -28,8 +28,8 @@ ramped learning rate (REAL_RUNS: `real-collapse`, the default, 2x the recipe's o
 `real-5x`, 5x over 20 steps; `real-5x-state`, that for 40 steps from the warm start whose expert
 thinks describe the state), and the MI pass every 2 steps on a uniformly drawn turn of two episodes
 per lake (8 lakes, 16 reasonings; all four in `real-5x-state`, 32). Each run has its own results
-section; it stops cleanly after 85 minutes (`real-5x-state`: 120) if its steps are not done. `--start-mi` measures the MI of the two warm starts before any RL.
-docs/monitoring.md reads the runs.
+section; it stops cleanly after 85 minutes (`real-5x-state`: 120) if its steps are not done.
+`--start-mi` measures the MI of the two warm starts before any RL. docs/monitoring.md reads the runs.
 """
 
 from __future__ import annotations
@@ -167,9 +167,8 @@ def raw_crossings(history: list[dict], env_name: str) -> dict[str, dict]:
     retrieval warm-up for the MI pass's). I(X;Z) has no rule of its own; it is judged as retrieval is. The
     guard's rules smooth these series and wait ``patience`` logs, so this is the earliest they could warn."""
     from starpo_trl.monitoring import keys
-    from starpo_trl.monitoring.guard import GuardRules
 
-    r = GuardRules()
+    r = shipped_rules()
     signals = {  # name -> (log key, fraction, early values)
         "reward_std": (keys.GROUP_REWARD_STD.format(env=env_name), r.reward_std_fraction, r.warmup_steps),
         "entropy": (keys.ENTROPY, r.entropy_fraction, r.warmup_steps),
@@ -188,14 +187,20 @@ def raw_crossings(history: list[dict], env_name: str) -> dict[str, dict]:
     return out
 
 
-def guard_events(history: list[dict], env_name: str) -> list[dict]:
-    """The guard's events with the shipped default rules, over a logged history (as the live guard in warn mode)."""
+def shipped_rules():
+    """The guard's rules as the recipes ship them (the runs log in `warn` mode: the rules are re-judged here)."""
     from learning import parse
 
-    from starpo_trl.monitoring.guard import CollapseMonitor, rules_from_config, signals_from_logs
+    from starpo_trl.monitoring.guard import rules_from_config
 
-    _, args, _, _ = parse(RECIPE)
-    monitor, events = CollapseMonitor(rules_from_config(args)), []
+    return rules_from_config(parse(RECIPE)[1])
+
+
+def guard_events(history: list[dict], env_name: str) -> list[dict]:
+    """The guard's events with the shipped default rules, over a logged history (as the live guard in warn mode)."""
+    from starpo_trl.monitoring.guard import CollapseMonitor, signals_from_logs
+
+    monitor, events = CollapseMonitor(shipped_rules()), []
     for row in history:
         if "loss" in row or "grad_norm" in row:
             fired = monitor.update(row["step"], signals_from_logs(row, env_name))
