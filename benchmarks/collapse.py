@@ -323,6 +323,7 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
                         "collapse/retrieval_accuracy",
                         "collapse/retrieval_chance",
                         "collapse/mi_estimate",
+                        "collapse/mi_estimate_per_token",
                         "collapse/mi_zscore",
                     )
                 }

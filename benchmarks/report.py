@@ -564,13 +564,14 @@ def collapse_real_lines(r: dict) -> list[str]:
         ]
         lines.append("")
     lines += [
-        "| step | retrieval accuracy | chance | I(X;Z) nats | MI z-score |",
-        "|---|---|---|---|---|",
+        "| step | retrieval accuracy | chance | I(X;Z) nats | I(X;Z) per token | MI z-score |",
+        "|---|---|---|---|---|---|",
     ]
     for m in r["mi_passes"]:
-        z = m.get("collapse/mi_zscore")
+        z, per_token = m.get("collapse/mi_zscore"), m.get("collapse/mi_estimate_per_token")
         lines.append(
             f"| {m['step']} | {m['collapse/retrieval_accuracy']:.3f} | {m['collapse/retrieval_chance']:.3f} | "
-            f"{m['collapse/mi_estimate']:.3f} | {'' if z is None else f'{z:.2f}'} |"
+            f"{m['collapse/mi_estimate']:.3f} | {'' if per_token is None else f'{per_token:.3f}'} | "
+            f"{'' if z is None else f'{z:.2f}'} |"
         )
     return lines + [""]

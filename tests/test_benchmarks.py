@@ -312,6 +312,7 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
                     "collapse/retrieval_accuracy": acc,
                     "collapse/retrieval_chance": 0.25,
                     "collapse/mi_estimate": 0.5 if step <= 10 else 0.0,
+                    "collapse/mi_estimate_per_token": 0.125 if step <= 10 else 0.0,
                     "collapse/mi_zscore": 1.5,
                     "collapse/mi_seconds": 3.0,
                 }
@@ -348,7 +349,10 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     )
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "(`python benchmarks/collapse.py --real`," in text
-    assert "| 12 | 0.250 | 0.250 | 0.000 | 1.50 |" in text
+    assert (
+        "| 12 | 0.250 | 0.250 | 0.000 | 0.000 | 1.50 |" in text
+        and "| 10 | 0.750 | 0.250 | 0.500 | 0.125 | 1.50 |" in text
+    )
     assert "| 0.400 |" in text and "| 14 | 15.0% | 200 |" in text
     # a second real-model run gets its own section, beside the first
     (tmp_path / "runs" / "real-5x").mkdir()
