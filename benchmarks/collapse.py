@@ -162,28 +162,34 @@ def halved_step(history: list[dict], key: str, early_n: int = 10, window: int = 
 
 
 def raw_crossings(history: list[dict], env_name: str) -> dict[str, dict]:
-    """When each indicator's raw (unsmoothed) value first fell below its rule's threshold: the rule's fraction
-    of its early level (the mean of its first values: the rules' warm-up for the per-step signals, the
-    retrieval warm-up for the MI pass's). I(X;Z) has no rule of its own; it is judged as retrieval is. The
-    guard's rules smooth these series and wait ``patience`` logs, so this is the earliest they could warn."""
-    from starpo_trl.monitoring import keys
+    """When each indicator's raw (unsmoothed) value first fell below its rule's threshold: the guard's own
+    rules, unsmoothed (``smoothing=1``) and without patience, so each fires at its first raw value below.
+    I(X;Z) has no rule of its own; it is judged as retrieval is. The live rules smooth these series and wait
+    ``patience`` logs, so this is the earliest they could warn."""
+    import dataclasses
 
-    r = shipped_rules()
-    signals = {  # name -> (log key, fraction, early values)
-        "reward_std": (keys.GROUP_REWARD_STD.format(env=env_name), r.reward_std_fraction, r.warmup_steps),
-        "entropy": (keys.ENTROPY, r.entropy_fraction, r.warmup_steps),
-        "retrieval": (keys.RETRIEVAL_ACCURACY, r.retrieval_fraction, r.retrieval_warmup),
-        "mi_estimate": (keys.MI_ESTIMATE, r.retrieval_fraction, r.retrieval_warmup),
-    }
+    from starpo_trl.monitoring import keys
+    from starpo_trl.monitoring.guard import CollapseMonitor, signals_from_logs
+
+    rules = dataclasses.replace(shipped_rules(), smoothing=1.0, patience=1)
+    signals, mi = CollapseMonitor(rules), CollapseMonitor(rules)  # mi: I(X;Z) in the retrieval rule's place
+    first = {}
+    for row in history:
+        if "loss" in row or "grad_norm" in row:
+            for name in signals.update(row["step"], signals_from_logs(row, env_name)):
+                first[name] = row["step"]
+            if keys.MI_ESTIMATE in row and mi.update(row["step"], {"retrieval": row[keys.MI_ESTIMATE]}):
+                first["mi_estimate"] = row["step"]
     out = {}
-    for name, (key, fraction, n) in signals.items():
-        rows = [(row["step"], float(row[key])) for row in history if key in row]
-        if len(rows) <= n:
-            continue
-        early = sum(v for _, v in rows[:n]) / n
-        threshold = fraction * early
-        first = next((step for step, v in rows[n:] if v < threshold), None)
-        out[name] = {"early": round(early, 4), "threshold": round(threshold, 4), "first_step": first}
+    for name, monitor, rule in (
+        ("reward_std", signals, "reward_std"),
+        ("entropy", signals, "entropy"),
+        ("retrieval", signals, "retrieval"),
+        ("mi_estimate", mi, "retrieval"),
+    ):
+        early, threshold = monitor.early_level(rule), monitor.threshold(rule)
+        if early is not None and threshold is not None:
+            out[name] = {"early": round(early, 4), "threshold": round(threshold, 4), "first_step": first.get(name)}
     return out
 
 

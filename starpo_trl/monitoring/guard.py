@@ -85,6 +85,20 @@ class CollapseMonitor:
         early = self.series[name].early
         return sum(early) / len(early) if len(early) >= self._warmup(name) else None
 
+    def threshold(self, name: str) -> float | None:
+        """The level a falling signal's smoothed series must drop below for its rule to hold: its fraction of
+        the early level (``diversity``: or the absolute floor). None for ``grad_norm`` (a spike rule), before
+        the early level is known, and where it is not positive."""
+        r, early = self.rules, self.early_level(name)
+        if name == "grad_norm" or early is None:
+            return None
+        if name == "diversity":
+            return max(r.diversity_floor, r.diversity_fraction * early)
+        fraction = {"reward_std": r.reward_std_fraction, "retrieval": r.retrieval_fraction}.get(
+            name, r.entropy_fraction
+        )
+        return fraction * early if early > 0 else None
+
     def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
         r, s = self.rules, self.series[name]
         if name == "grad_norm":  # a spike against the running mean of the values before it
@@ -93,13 +107,8 @@ class CollapseMonitor:
                 and len(s.early) >= r.warmup_steps
                 and value > r.grad_norm_spike * previous_ema
             )
-        early = self.early_level(name)
-        if name == "diversity":
-            return early is not None and s.ema < max(r.diversity_floor, r.diversity_fraction * early)
-        fraction = {"reward_std": r.reward_std_fraction, "retrieval": r.retrieval_fraction}.get(
-            name, r.entropy_fraction
-        )
-        return early is not None and early > 0 and s.ema < fraction * early
+        threshold = self.threshold(name)
+        return threshold is not None and s.ema < threshold
 
     def update(self, step: int, values: dict[str, float]) -> list[str]:
         fired = []

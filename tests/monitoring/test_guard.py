@@ -64,6 +64,26 @@ def test_diversity_floor_and_each_rule_warns_once():
     assert first_firing(floor, [0.8, 0.7, 0.4], "diversity") == 3
 
 
+def test_thresholds_by_hand():
+    """Each falling signal's threshold is its fraction of the early level (the mean of its first
+    values): reward std 0.4 x 0.5, entropy 0.4 x 0.25, retrieval 0.5 x 0.3 (3 passes), diversity the larger of
+    0.5 x 0.6 and its floor 0.35; none before the early level is known, for grad norm, or for an early level <= 0."""
+    monitor = CollapseMonitor(GuardRules(warmup_steps=2, retrieval_warmup=3, diversity_floor=0.35))
+    for step, (std, ent, div, ret) in enumerate([(0.4, 0.2, 0.5, 0.2), (0.6, 0.3, 0.7, 0.4)], start=1):
+        monitor.update(step, {"reward_std": std, "entropy": ent, "diversity": div, "retrieval": ret, "grad_norm": 1.0})
+    assert monitor.threshold("reward_std") == pytest.approx(0.2)
+    assert monitor.threshold("entropy") == pytest.approx(0.1)
+    assert monitor.threshold("diversity") == pytest.approx(0.35)
+    assert monitor.threshold("retrieval") is None  # 2 of its 3 passes
+    monitor.update(3, {"retrieval": 0.3})
+    assert monitor.threshold("retrieval") == pytest.approx(0.15)
+    assert monitor.threshold("grad_norm") is None
+    flat = CollapseMonitor(GuardRules(warmup_steps=2))
+    for step in (1, 2):
+        flat.update(step, {"entropy": 0.0})
+    assert flat.early_level("entropy") == 0.0 and flat.threshold("entropy") is None
+
+
 def test_missing_and_nan_signals_are_skipped():
     monitor = CollapseMonitor(GuardRules(warmup_steps=2, smoothing=1.0, patience=1))
     assert monitor.update(1, {"entropy": float("nan")}) == []
