@@ -285,12 +285,16 @@ def mi_from_sample(
     cross = cross_logprobs(model, xs, zs, pad_token_id, batch_size, temperature, num_batches, shared_prefix)
     if not xs:
         return {}
-    own_t = torch.tensor(own)
-    out = mi_statistics(cross, own_t)
-    lengths = torch.tensor([len(z) for z in zs], dtype=torch.float32)[:, None]
-    per_token = mi_statistics(cross / lengths, own_t)
+    return mi_sample_statistics(cross, torch.tensor(own), [len(z) for z in zs])
+
+
+def mi_sample_statistics(cross: torch.Tensor, own: torch.Tensor, lengths: list[int]) -> dict[str, float]:
+    """``mi_statistics`` per reasoning and ``*_per_token`` (each row of ``cross`` (Nz, Nx) divided by its
+    reasoning's length in tokens, ``lengths`` (Nz,)), with the sample's size."""
+    out = mi_statistics(cross, own)
+    per_token = mi_statistics(cross / torch.tensor(lengths, dtype=torch.float64)[:, None], own)
     out.update({f"{k}_per_token": v for k, v in per_token.items() if k not in ("mi_upper_bound", "retrieval_chance")})
-    out["num_inputs"], out["num_reasonings"] = float(len(xs)), float(len(zs))
+    out["num_inputs"], out["num_reasonings"] = float(cross.shape[1]), float(cross.shape[0])
     return out
 
 

@@ -1,6 +1,23 @@
 import math
 
+import pytest
 import torch
+from helpers import filter_settings
+
+from starpo_trl.algorithms import (
+    between_group_share,
+    bilevel_gae,
+    expand_groups,
+    grpo_advantages,
+    masked_gae,
+    normalize_rewards,
+    num_kept_groups,
+    place_rewards,
+    reward_normalization_terms,
+    rloo_advantages,
+    whiten,
+)
+from starpo_trl.algorithms.scoring import filter_groups
 
 
 def test_score_rollout_by_hand():
@@ -109,3 +126,269 @@ def test_reinforce_pp_refuses_per_group_scaling_before_any_model_loads():
         use_cpu=True,
     )
     assert args.advantage_estimator == "reinforce_pp"
+
+
+# -- restored hand-worked tests (lost in 5f00d2a's rewrite), adapted to today's API ----------------------------------
+# The filter tests went through `select_groups(rewards, G, ratio, metric)`, which returned the kept groups' sorted
+# indices; today that is `filter_groups(rewards, G, settings)` (scores by `group_scores`, keeps by `select_groups`).
+
+
+def _kept(rewards, group_size, ratio, metric):
+    settings = filter_settings(rollout_filter_ratio=ratio, rollout_filter_metric=metric)
+    return filter_groups(rewards, group_size, settings).tolist()
+
+
+def test_filter_keeps_exactly_the_largest_std_groups_by_hand():
+    # 4 groups of 3; stds by hand: g0 [0,0,0] -> 0; g1 [0,1,2] -> 1; g2 [0,0,3] -> sqrt(3)=1.732; g3 [1,1,2] -> 0.577
+    rewards = torch.tensor([0, 0, 0, 0, 1, 2, 0, 0, 3, 1, 1, 2], dtype=torch.float32)
+    assert _kept(rewards, 3, 0.5, "std") == [1, 2]
+    assert _kept(rewards, 3, 0.25, "std") == [2]
+    assert _kept(rewards, 3, 0.75, "std") == [1, 2, 3]
+    assert _kept(rewards, 3, 0.5, "std_rev") == [0, 3]
+    assert _kept(rewards, 3, 0.25, "none") == [0, 1, 2, 3]
+    assert _kept(rewards, 3, 1.0, "std") == [0, 1, 2, 3]
+    assert expand_groups(torch.tensor([1, 3]), 3).tolist() == [3, 4, 5, 9, 10, 11]
+
+
+def test_filter_ranks_raw_rewards_not_normalised_ones():
+    # normalising each group would give both groups the same std (1); raw stds differ (0.1 vs 10)
+    rewards = torch.tensor([0.0, 0.1, 0.2, 0.0, 10.0, 20.0])
+    assert _kept(rewards, 3, 0.5, "std") == [1]
+
+
+def test_kept_group_count_and_bad_metric():
+    assert num_kept_groups(8, 0.25) == 2 and num_kept_groups(8, 0.01) == 1 and num_kept_groups(8, 0.3) == 3
+    with pytest.raises(ValueError, match="rollout_filter_metric"):
+        _kept(torch.zeros(6), 3, 0.5, "var")
+
+
+def test_grpo_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 3.0, 3.0, 3.0])
+    # group 0: mean 1/3, std (unbiased) = sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3) = 0.57735
+    adv = grpo_advantages(rewards, 3, "group")
+    expected0 = torch.tensor([2 / 3, -1 / 3, -1 / 3]) / (0.5773502691896258 + 1e-4)
+    assert torch.allclose(adv[:3], expected0, atol=1e-6)
+    assert torch.equal(adv[3:], torch.zeros(3))  # zero-std group: no signal
+    assert torch.allclose(grpo_advantages(rewards, 3, "none"), torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, 0, 0]))
+
+
+def test_masked_gae_skips_env_tokens_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 9.0, 9.0, 0.8, 9.0]])  # 9.0 on env tokens must never be used
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    adv, ret = masked_gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    # t=4: 1 - 0.8 = 0.2; t=1: 0.9*0.8 - 0.6 + 0.72*0.2 = 0.264; t=0: 0.9*0.6 - 0.5 + 0.72*0.264 = 0.23008
+    assert torch.allclose(adv, torch.tensor([[0.23008, 0.264, 0.0, 0.0, 0.2, 0.0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.73008, 0.864, 0.0, 0.0, 1.0, 0.0]]), atol=1e-6)
+
+
+def test_masked_gae_gamma_lambda_one_is_return_minus_value():
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    values = torch.arange(1, 11, dtype=torch.float32)[None] / 10
+    adv, _ = masked_gae(rewards, values, torch.ones_like(values), 1.0, 1.0)
+    expected = torch.tensor([[2.0] * 5 + [1.0] * 5]) - values
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_bilevel_gae_by_hand():
+    # rewards [0,0,0,0,1,0,0,0,0,1]: two turns ending at tokens 4 and 9, values 0.1..1.0
+    values = torch.arange(1, 11, dtype=torch.float32)[None] / 10
+    mask = torch.ones_like(values)
+    adv, ret = bilevel_gae([[1.0, 1.0]], [[4, 9]], values, mask, gamma=1.0, lam=1.0, turn_gamma=0.95)
+    # turn 2: A = 1 - 1.0 = 0, G = 1.0; turn 1: A = 1 + 0.95 * 1.0 - 0.5 = 1.45, G = 1.95
+    expected = torch.tensor([[1.85, 1.75, 1.65, 1.55, 1.45, 0.4, 0.3, 0.2, 0.1, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[1.95] * 5 + [1.0] * 5]), atol=1e-6)
+    turn_adv, _ = bilevel_gae([[1.0, 1.0]], [[4, 9]], values, mask, 1.0, 1.0, 0.95, turn_level_only=True)
+    assert torch.allclose(turn_adv, torch.tensor([[1.45] * 5 + [0.0] * 5]), atol=1e-6)
+
+
+def test_bilevel_gae_zero_reward_middle_turn_and_env_tokens():
+    # three turns, the middle one pays 0; env tokens (mask 0) between turns carry junk values
+    values = torch.tensor([[0.2, 0.4, 9.0, 0.3, 0.5, 9.0, 0.6, 0.8]])
+    mask = torch.tensor([[1, 1, 0, 1, 1, 0, 1, 1]])
+    adv, ret = bilevel_gae([[1.0, 0.0, 2.0]], [[1, 4, 7]], values, mask, gamma=1.0, lam=1.0, turn_gamma=0.5)
+    # turn 3: A3 = 2 - 0.8 = 1.2, G3 = 2.0; turn 2: A2 = 0 + 0.5*0.8 - 0.5 + 0.5*1.2 = 0.5, G2 = 1.0
+    # turn 1: A1 = 1 + 0.5*0.5 - 0.4 + 0.5*0.5 = 1.1, G1 = 1.5
+    expected = torch.tensor([[1.3, 1.1, 0.0, 0.7, 0.5, 0.0, 1.4, 1.2]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[1.5, 1.5, 0.0, 1.0, 1.0, 0.0, 2.0, 2.0]]), atol=1e-6)
+
+
+def test_bilevel_gae_one_turn_and_all_masked_padding_rows():
+    values = torch.tensor([[0.5, 0.25, 0.0], [3.0, 3.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    adv, ret = bilevel_gae([[1.0], []], [[1], []], values, mask, 1.0, 1.0, 0.95)
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.75, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.equal(ret[1], torch.zeros(3))
+    gae_adv, gae_ret = masked_gae(
+        place_rewards((2, 3), [[1.0], []], [[1], []], per_turn=False), values, mask, 1.0, 1.0
+    )
+    assert torch.allclose(gae_adv, adv) and torch.equal(gae_ret[1], torch.zeros(3))
+
+
+def test_place_rewards_per_turn_or_at_the_end():
+    per_turn = place_rewards((1, 6), [[0.5, 0.0, 1.0]], [[1, 3, 5]], per_turn=True)
+    assert per_turn.tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0, 1.0]]
+    at_end = place_rewards((1, 6), [[0.5, 0.0, 1.0]], [[1, 3, 5]], per_turn=False)
+    assert at_end.tolist() == [[0.0, 0.0, 0.0, 0.0, 0.0, 1.5]]
+
+
+def test_rloo_and_reward_normalisation_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 3.0, 3.0, 3.0])
+    # 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5
+    assert torch.allclose(rloo_advantages(rewards, 3), torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 0.0]))
+    assert torch.allclose(normalize_rewards(rewards, 3, "mean"), torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, 0, 0]))
+    assert torch.equal(normalize_rewards(rewards, 3, "identity"), rewards)
+    batch = normalize_rewards(torch.tensor([0.0, 10.0]), 2, "asym_clip", scope="batch", clip=0.5)
+    assert batch.tolist() == [-0.5, pytest.approx(10 / 2 / (50**0.5 + 1e-6))]
+
+
+def test_between_group_share_by_hand():
+    # groups [1, 1, 0] and [0, 0, 0]: means 2/3 and 0, grand mean 1/3
+    # MSB = 3 * 2 * (1/3)^2 / 1 = 2/3; MSW = (2 * (1/3)^2 + (2/3)^2 + 0) / (2 * 2) = 1/6
+    # between = (2/3 - 1/6) / 3 = 1/6; share = (1/6) / (1/6 + 1/6) = 1/2
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0, 0, 0]), 3) == pytest.approx(0.5)
+    # all the variance between groups / all within groups (the group means' spread is only noise)
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0]), 2) == pytest.approx(1.0)
+    assert between_group_share(torch.tensor([1.0, 0, 1, 0]), 2) == 0.0
+    # groups [1, 0, 0] and [1, 1, 0]: MSB = 1/6 < MSW = 1/3, so the estimate clamps to 0
+    assert between_group_share(torch.tensor([1.0, 0, 0, 1, 1, 0]), 3) == 0.0
+    # a group with a failed (NaN) episode is left out; one group left, or no variance: NaN
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0, float("nan"), 1]), 2) == pytest.approx(1.0)
+    assert math.isnan(between_group_share(torch.tensor([1.0, float("nan"), 0, 1]), 2))
+    assert math.isnan(between_group_share(torch.ones(6), 3))
+
+
+def test_bilevel_gae_last_token_of_a_turn_carries_the_turn_advantage_for_any_gamma():
+    # a perfect critic (values = the returns it should predict) gets zero advantages, also with gamma < 1
+    values = torch.tensor([[0.5, 1.0]])
+    adv, ret = bilevel_gae([[1.0]], [[1]], values, torch.ones(1, 2), gamma=0.5, lam=1.0, turn_gamma=1.0)
+    assert adv.tolist() == [[0.0, 0.0]] and ret.tolist() == [[0.5, 1.0]]
+    # two turns, gamma 0.5, lam 0.5, turn_gamma 0.9, by hand. Turn ends at 1 and 3 (values 0.4, 0.2):
+    # A2 = 2 - 0.2 = 1.8, G2 = 2.0; A1 = 1 + 0.9 * 0.2 - 0.4 + 0.9 * 0.5 * 1.8 = 1.59, G1 = 1.99
+    # turn 1: t=1: 1.99 - 0.4 = 1.59; t=0: 0.5 * 0.4 - 0.3 + 0.25 * 1.59 = 0.2975
+    # turn 2: t=3: 2.0 - 0.2 = 1.8;   t=2: 0.5 * 0.2 - 0.1 + 0.25 * 1.8 = 0.45
+    values = torch.tensor([[0.3, 0.4, 0.1, 0.2]])
+    adv, ret = bilevel_gae([[1.0, 2.0]], [[1, 3]], values, torch.ones(1, 4), gamma=0.5, lam=0.5, turn_gamma=0.9)
+    assert torch.allclose(adv, torch.tensor([[0.2975, 1.59, 0.45, 1.8]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.5975, 1.99, 0.55, 2.0]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["mean", "mean_std", "asym_clip"])
+@pytest.mark.parametrize("scope", ["group", "batch"])
+def test_a_group_whose_rewards_are_all_equal_normalises_to_exact_zeros(method, scope):
+    same = torch.full((16,), 2.4146361351013184)  # its float32 mean differs from it in the last bit
+    assert torch.equal(normalize_rewards(same, 16, method, scope), torch.zeros(16))
+    shift, scale = reward_normalization_terms(same, 16, method, scope)
+    assert torch.isinf(scale).all()  # so every turn reward r_turn / scale is exactly 0 too
+    # a failed (NaN) episode stays NaN, the rest of a constant group is 0
+    with_nan = same.clone()
+    with_nan[3] = float("nan")
+    out = normalize_rewards(with_nan, 16, method, scope)
+    assert math.isnan(out[3]) and torch.equal(out[torch.arange(16) != 3], torch.zeros(15))
+    # a group that does vary is normalised as before
+    mixed = torch.cat([same, torch.tensor([0.0, 1.0, 0.0, 1.0])])
+    if scope == "group":
+        assert torch.equal(normalize_rewards(mixed, 4, method, scope)[:16], torch.zeros(16))
+    assert normalize_rewards(mixed, 4, method, scope)[16:].abs().sum() > 0
+
+
+def test_grpo_advantages_of_a_constant_group_are_exact_zeros():
+    same = torch.full((16,), 2.4146361351013184)
+    for scale in ("group", "batch", "none"):
+        assert torch.equal(grpo_advantages(same, 16, scale), torch.zeros(16))
+
+
+def test_masked_whitening_by_hand_and_across_processes():
+    x = torch.tensor([[1.0, 2.0, 99.0], [3.0, 99.0, 99.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # mean 2, unbiased var 1 -> [-1, 0, 1] on model tokens, 0 elsewhere
+    assert torch.allclose(whiten(x, m), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
+    # two processes: each whitens its rows with the totals over both, as one process holding both
+    total = (3.0, 6.0, 14.0)
+    assert torch.allclose(whiten(x[:1], m[:1], total), torch.tensor([[-1.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.allclose(whiten(x[1:], m[1:], total), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.equal(whiten(x, torch.zeros_like(m)), torch.zeros_like(x))
+
+
+# -- hand-worked tests where injected bugs used to pass --------------------------------------------------------------
+def test_bilevel_gae_turn_gamma_and_turn_lambda_differ_from_gamma_and_lambda():
+    """Two turns (ends 1 and 4, an env token between carrying a junk value), gamma 0.5, lam 0.8, turn_gamma 0.9,
+    turn_lambda 0.6: every one of the four discounts is used in its own place, so a swap changes a number.
+    Turn level (values at the turn ends 0.4, 0.2; rewards 1, 2):
+      A2 = 2 - 0.2 = 1.8, G2 = 2.0;  A1 = 1 + 0.9 * 0.2 - 0.4 + 0.9 * 0.6 * 1.8 = 0.78 + 0.972 = 1.752, G1 = 2.152
+    Token level: t=1: G1 - 0.4 = 1.752; t=0: 0.5 * 0.4 - 0.3 + 0.5 * 0.8 * 1.752 = 0.6008
+                 t=4: G2 - 0.2 = 1.8;   t=3: 0.5 * 0.2 - 0.1 + 0.5 * 0.8 * 1.8 = 0.72"""
+    values = torch.tensor([[0.3, 0.4, 9.0, 0.1, 0.2]])
+    mask = torch.tensor([[1, 1, 0, 1, 1]])
+    adv, ret = bilevel_gae([[1.0, 2.0]], [[1, 4]], values, mask, 0.5, 0.8, turn_gamma=0.9, turn_lambda=0.6)
+    assert torch.allclose(adv, torch.tensor([[0.6008, 1.752, 0.0, 0.72, 1.8]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.9008, 2.152, 0.0, 0.82, 2.0]]), atol=1e-6)
+    # turn GAE (turn_level_only): every model token of a turn gets that turn's advantage and return
+    adv, ret = bilevel_gae([[1.0, 2.0]], [[1, 4]], values, mask, 0.5, 0.8, 0.9, 0.6, turn_level_only=True)
+    assert torch.allclose(adv, torch.tensor([[1.752, 1.752, 0.0, 1.8, 1.8]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[2.152, 2.152, 0.0, 2.0, 2.0]]), atol=1e-6)
+    # turn_lambda defaults to lam: A1 = 0.78 + 0.9 * 0.8 * 1.8 = 2.076
+    adv, _ = bilevel_gae([[1.0, 2.0]], [[1, 4]], values, mask, 0.5, 0.8, turn_gamma=0.9, turn_level_only=True)
+    assert adv[0, 0].item() == pytest.approx(2.076)
+
+
+def test_masked_gae_with_env_tokens_in_the_middle_against_a_loop_over_model_tokens_only():
+    """Random rewards and values, env tokens in runs in the middle, gamma 0.9 and lam 0.7: equal to GAE run
+    by a plain loop over the model tokens alone (the env tokens cut out first)."""
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.rand(3, 9, generator=g), torch.rand(3, 9, generator=g)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 1], [1, 0, 1, 0, 1, 0, 1, 0, 1], [0, 1, 1, 1, 0, 0, 1, 1, 0]])
+    rewards = rewards * mask  # rewards sit on model tokens
+    adv, ret = masked_gae(rewards, values, mask, gamma=0.9, lam=0.7)
+    for b in range(3):
+        idx = [t for t in range(9) if mask[b, t]]
+        r, v = [float(rewards[b, t]) for t in idx], [float(values[b, t]) for t in idx]
+        expected, running = [0.0] * len(idx), 0.0
+        for k in reversed(range(len(idx))):
+            next_v = v[k + 1] if k + 1 < len(idx) else 0.0
+            running = r[k] + 0.9 * next_v - v[k] + 0.9 * 0.7 * running
+            expected[k] = running
+        full = torch.zeros(9)
+        full[idx] = torch.tensor(expected)
+        assert torch.allclose(adv[b], full, atol=1e-6)
+        assert torch.allclose(ret[b], (full + values[b]) * mask[b], atol=1e-6)
+
+
+# rewards [1, 0, 0 | 3, 1, 2] in groups of 3, by hand:
+#   group 0: mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3); group 1: mean 2, std 1
+#   batch: mean 7/6, unbiased std sqrt((1 + 49 + 49 + 121 + 1 + 25) / 36 / 5) = sqrt(41/30)
+R = torch.tensor([1.0, 0.0, 0.0, 3.0, 1.0, 2.0], dtype=torch.float64)
+GROUP_MEAN = torch.tensor([1 / 3] * 3 + [2.0] * 3, dtype=torch.float64)
+GROUP_STD = torch.tensor([math.sqrt(1 / 3)] * 3 + [1.0] * 3, dtype=torch.float64)
+BATCH_MEAN, BATCH_STD = 7 / 6, math.sqrt(41 / 30)
+
+
+@pytest.mark.parametrize("scope", ["group", "batch"])
+@pytest.mark.parametrize("method", ["identity", "mean", "mean_std", "asym_clip"])
+def test_reward_normalisation_each_method_and_scope_by_hand(method, scope):
+    mean = GROUP_MEAN if scope == "group" else torch.full((6,), BATCH_MEAN, dtype=torch.float64)
+    std = GROUP_STD if scope == "group" else torch.full((6,), BATCH_STD, dtype=torch.float64)
+    want_shift = {"identity": torch.zeros(6, dtype=torch.float64)}.get(method, mean)
+    want_scale = {"identity": 1.0, "mean": 1.0}.get(method, std + 1e-6)
+    shift, scale = reward_normalization_terms(R, 3, method, scope)
+    assert torch.allclose(shift, want_shift, atol=1e-12)
+    assert torch.allclose(scale, torch.as_tensor(want_scale, dtype=torch.float64).expand(6), atol=1e-12)
+    normalized = (R - want_shift) / want_scale
+    if method == "asym_clip":
+        normalized = normalized.clamp(-0.5, 1.5)  # clip 0.5: [-clip, 3 * clip]
+    assert torch.allclose(normalize_rewards(R, 3, method, scope, clip=0.5), normalized, atol=1e-12)
+
+
+def test_asym_clip_cuts_losses_at_clip_and_wins_at_three_times_clip():
+    # batch scope, clip 0.5: (0 - 7/6) / sqrt(41/30) = -0.998 -> -0.5; (3 - 7/6) / sqrt(41/30) = 1.568 -> 1.5
+    out = normalize_rewards(R, 3, "asym_clip", "batch", clip=0.5)
+    kept = (2 - 7 / 6) / (math.sqrt(41 / 30) + 1e-6)
+    assert out.tolist() == pytest.approx(
+        [(1 - 7 / 6) / (math.sqrt(41 / 30) + 1e-6), -0.5, -0.5, 1.5, out[0].item(), kept]
+    )
+    # group scope, clip 0.5: group 0 -> (2/3) / sqrt(1/3) = 1.1547 stays, -0.577 -> -0.5; group 1 -> 1.0, -1 -> -0.5, 0
+    out = normalize_rewards(R, 3, "asym_clip", "group", clip=0.5)
+    s0 = math.sqrt(1 / 3) + 1e-6
+    assert out.tolist() == pytest.approx([(2 / 3) / s0, -0.5, -0.5, 1 / (1 + 1e-6), -0.5, 0.0])

@@ -4,6 +4,7 @@ checkpoint state, and the skipped optimizer step (gradients dropped)."""
 import pytest
 import torch
 from helpers import make_args
+from transformers import TrainerCallback
 
 from starpo_trl.monitoring.empty_steps import EmptySteps
 
@@ -72,3 +73,80 @@ def test_a_step_whose_advantages_are_all_zero_is_skipped_only_when_asked(tmp_pat
 def test_zero_advantage_skip_needs_a_group_estimator(tmp_path):
     with pytest.raises(ValueError, match="skip_zero_advantage_steps needs a group estimator"):
         make_args(tmp_path, skip_zero_advantage_steps=True, advantage_estimator="gae")
+
+
+class _Snapshots(TrainerCallback):
+    """A Trainer callback keeping, after each optimizer step, a copy of every weight and of the whole
+    optimizer state (AdamW's step counts and moments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        moments = {
+            (i, k): (v.clone() if torch.is_tensor(v) else v)
+            for i, s in enumerate(optimizer.state_dict()["state"].values())
+            for k, v in s.items()
+        }
+        self.steps.append((weights, moments))
+
+
+def _identical(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a
+    )
+
+
+def test_a_skipped_zero_advantage_step_after_real_updates_leaves_weights_and_optimizer_bit_identical(
+    tmp_path, tiny_tokenizer, scripted
+):
+    """Two real updates (half the episodes name Dragon, half write no answer: advantages are not 0), with
+    weight decay on, so AdamW's moments are non-zero; then a step where every episode names Dragon (every
+    advantage 0). A zeroed loss alone would still move the weights through the moments and the decay: the
+    skipped step must leave every weight and every optimizer state tensor bit-identical."""
+    from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1)
+    args = make_args(
+        tmp_path,
+        max_steps=3,
+        weight_decay=0.1,
+        entropy_coef=0.05,
+        skip_zero_advantage_steps=True,
+        rollout_filter_ratio=1.0,
+    )
+
+    def reply(call, i):
+        if call < 2 and i % 2:  # one generate call per rollout (one turn)
+            return "no answer here"
+        return "<think>x</think><answer>Dragon</answer>"
+
+    snapshots = _Snapshots()
+    trainer = MultiTurnStarPOTrainer(
+        model, args, processing_class=tiny_tokenizer, backend=scripted(reply), callbacks=[snapshots]
+    )
+    trainer.train()
+    logged = [r["rollout/zero_advantage_step"] for r in trainer.state.log_history if "rollout/zero_advantage_step" in r]
+    assert logged == [0.0, 0.0, 1.0]
+    (w1, m1), (w2, m2), (w3, m3) = snapshots.steps
+    assert not _identical(w1, w2) and not _identical(m1, m2)  # the second step did update
+    assert any(v.abs().sum() > 0 for (_, k), v in m2.items() if k == "exp_avg")  # non-zero moments
+    assert _identical(w2, w3) and _identical(m2, m3)
+
+
+def test_a_skipped_zero_advantage_step_is_bit_identical_on_two_processes(tmp_path):
+    """The same three steps under torchrun in 2 CPU processes (DDP, gloo; tests/distributed/dist_zero_advantage_skip.py):
+    on both processes the skipped third step leaves the weights' and the optimizer state's digests as they were
+    after the second, which moved both."""
+    from helpers import run_two_processes
+
+    ranks = run_two_processes("dist_zero_advantage_skip.py", tmp_path, 29583)
+    for rank in ranks:
+        assert rank["num_processes"] == 2 and rank["zero_advantage"] == [0.0, 0.0, 1.0]
+        first, second, third = rank["steps"]
+        assert first["weights"] != second["weights"] and first["optimizer"] != second["optimizer"]
+        assert second == third
+    assert ranks[0]["steps"] == ranks[1]["steps"]

@@ -245,3 +245,78 @@ def test_mi_pass_on_weights_sharded_across_two_processes(tmp_path, mode):
         for r in (a, b):
             assert r["keys_equal"] and r["finite"] and r["max_diff"] < 1e-4
         assert a["mi_estimate"] == b["mi_estimate"]
+
+
+def _by_loop(probs: list[list[float]], own: list[int], lengths: list[int] | None = None) -> dict[str, float]:
+    """The statistics by a plain loop over the (reasoning, input) probabilities, for the tests below:
+    rows are reasonings, columns inputs; with ``lengths``, each log-probability divided by its row's length."""
+    n_x = len(probs[0])
+    matched, marginal, hits = [], [], 0
+    for i, row in enumerate(probs):
+        logs = [math.log(p) / (lengths[i] if lengths else 1) for p in row]
+        matched.append(logs[own[i]])
+        marginal.append(math.log(sum(math.exp(v) for v in logs) / n_x))
+        best = max(range(n_x), key=lambda j: logs[j])
+        hits += best == own[i]
+    n = len(probs)
+    return {
+        "conditional_entropy": -sum(matched) / n,
+        "reasoning_entropy": -sum(marginal) / n,
+        "mi_estimate": sum(m - g for m, g in zip(matched, marginal)) / n,
+        "retrieval_accuracy": hits / n,
+    }
+
+
+def test_more_reasonings_than_inputs_and_unequal_lengths():
+    """3 reasonings of 1, 2 and 4 tokens over 2 inputs. The third is likelier under the other input, so
+    retrieval is 2/3 (an argmax over the inputs axis); per token, each row is divided by its own length."""
+    from starpo_trl.monitoring.mutual_info import mi_sample_statistics
+
+    probs, own, lengths = [[0.8, 0.2], [0.3, 0.6], [0.4, 0.1]], [0, 1, 1], [1, 2, 4]
+    out = mi_sample_statistics(torch.tensor(probs, dtype=torch.float64).log(), torch.tensor(own), lengths)
+    assert out["num_inputs"] == 2 and out["num_reasonings"] == 3
+    assert out["retrieval_accuracy"] == pytest.approx(2 / 3) and out["retrieval_chance"] == 0.5
+    # H(Z|X) = -(ln .8 + ln .6 + ln .1) / 3 = 1.2109; per token -(ln .8 + ln(.6) / 2 + ln(.1) / 4) / 3 = 0.3514
+    assert out["conditional_entropy"] == pytest.approx(-(math.log(0.8) + math.log(0.6) + math.log(0.1)) / 3)
+    per_token = -(math.log(0.8) + math.log(0.6) / 2 + math.log(0.1) / 4) / 3
+    assert out["conditional_entropy_per_token"] == pytest.approx(per_token)
+    for key, value in _by_loop(probs, own).items():
+        assert out[key] == pytest.approx(value, abs=1e-12), key
+    for key, value in _by_loop(probs, own, lengths).items():
+        assert out[f"{key}_per_token"] == pytest.approx(value, abs=1e-12), key
+    # the per-token figures are not the per-reasoning ones: the lengths matter
+    assert out["mi_estimate_per_token"] != pytest.approx(out["mi_estimate"])
+
+
+def test_fewer_reasonings_than_inputs():
+    """2 reasonings over 3 inputs: the first is retrieved (its own input scores it highest), the second not."""
+    probs, own = [[0.1, 0.2, 0.5], [0.3, 0.4, 0.2]], [2, 0]
+    out = mi_statistics(torch.tensor(probs, dtype=torch.float64).log(), torch.tensor(own))
+    assert out["retrieval_accuracy"] == 0.5 and out["retrieval_chance"] == pytest.approx(1 / 3)
+    assert out["mi_upper_bound"] == pytest.approx(math.log(3))
+    # p(z_0) = 0.8 / 3, p(z_1) = 0.9 / 3; I = mean(ln .5 - ln(.8 / 3), ln .3 - ln(.9 / 3)) = (0.6286 + 0) / 2
+    assert out["mi_estimate"] == pytest.approx((math.log(0.5 / (0.8 / 3)) + math.log(0.3 / 0.3)) / 2)
+    for key, value in _by_loop(probs, own).items():
+        assert out[key] == pytest.approx(value, abs=1e-12), key
+
+
+def test_mi_from_sample_divides_each_reasoning_by_its_own_token_count(tiny_tokenizer, fresh_model):
+    """On the model: reasonings of 1, 3 and 2 tokens over 2 inputs. The per-token H(Z|X) is the mean of each
+    reasoning's own-input score (one plain forward pass) divided by its token count."""
+    from starpo_trl.monitoring.mutual_info import mi_from_sample
+
+    tok = tiny_tokenizer
+    xs = [tok(t, add_special_tokens=False)["input_ids"] for t in ("first input <think>", "x2 <think>")]
+    zs = [tok(t, add_special_tokens=False)["input_ids"] for t in ("a", "a b c", "go up")]
+    own = [0, 1, 0]
+    assert [len(z) for z in zs] == [1, 3, 2]
+    out = mi_from_sample(fresh_model, (xs, zs, own), tok.pad_token_id, batch_size=2)
+    scores = []
+    for z, j in zip(zs, own):
+        ids = torch.tensor([xs[j] + z])
+        logits = fresh_model(ids).logits[0, :-1].float()
+        scores.append(torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[len(xs[j]) - 1 :].sum().item())
+    assert out["conditional_entropy"] == pytest.approx(-sum(scores) / 3, abs=1e-4)
+    per_token = -sum(s / len(z) for s, z in zip(scores, zs)) / 3
+    assert out["conditional_entropy_per_token"] == pytest.approx(per_token, abs=1e-4)
+    assert (out["num_inputs"], out["num_reasonings"]) == (2.0, 3.0)

@@ -1,0 +1,90 @@
+"""Run by tests/monitoring/test_empty_steps.py under torchrun (2 processes, gloo): the zero-advantage skip
+after real updates. Two steps where half the episodes name Dragon and half write no answer (advantages not
+0), with weight decay, then one where every episode names Dragon (every advantage 0, the step skipped).
+Writes ``rank-N.json`` into argv[1]: a digest of the weights and of the whole optimizer state after each step,
+and the logged ``rollout/zero_advantage_step``."""
+
+import hashlib
+import json
+import pathlib
+import sys
+
+import torch
+from transformers import TrainerCallback
+
+import envs  # noqa: F401  (registers starpo/Bandit-v0)
+from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
+
+
+class Scripted:
+    """The scripted backend of tests/conftest.py: replies by call and row; logprobs -1.0."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, 0
+
+    def generate(self, sequences, max_new_tokens, temperature):
+        out = []
+        for i, _ in enumerate(sequences):
+            text = "no answer here" if self.calls < 2 and i % 2 else "<think>x</think><answer>Dragon</answer>"
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append((ids[:max_new_tokens], [-1.0] * len(ids[:max_new_tokens])))
+        self.calls += 1
+        return out
+
+
+def digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Digests(TrainerCallback):
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        opt = optimizer.state_dict()["state"]
+        moments = [v if torch.is_tensor(v) else torch.tensor(float(v)) for s in opt.values() for v in s.values()]
+        self.steps.append({"weights": digest(model.parameters()), "optimizer": digest(moments)})
+
+
+def main(out):
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=3, hidden_size=32, num_layers=1)
+    args = StarPOConfig(
+        output_dir=out,
+        env_id="starpo/Bandit-v0",
+        num_start_states=4,
+        num_generations=4,
+        rollout_filter_ratio=1.0,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        max_steps=3,
+        max_turns=1,
+        max_tokens_per_turn=12,
+        learning_rate=1e-3,
+        weight_decay=0.1,
+        entropy_coef=0.05,
+        skip_zero_advantage_steps=True,
+        report_to=[],
+        save_strategy="no",
+        num_eval_episodes=4,
+        use_cpu=True,
+        seed=0,
+    )
+    digests = Digests()
+    trainer = MultiTurnStarPOTrainer(
+        model, args, processing_class=tokenizer, backend=Scripted(tokenizer), callbacks=[digests]
+    )
+    trainer.train()
+    logged = [r["rollout/zero_advantage_step"] for r in trainer.state.log_history if "rollout/zero_advantage_step" in r]
+    rank = trainer.accelerator.process_index
+    summary = {"num_processes": trainer.accelerator.num_processes, "steps": digests.steps, "zero_advantage": logged}
+    (pathlib.Path(out) / f"rank-{rank}.json").write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
