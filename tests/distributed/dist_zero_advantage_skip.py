@@ -80,7 +80,9 @@ def main(out):
         model, args, processing_class=tokenizer, backend=Scripted(tokenizer), callbacks=[digests]
     )
     trainer.train()
-    logged = [r["rollout/zero_advantage_step"] for r in trainer.state.log_history if "rollout/zero_advantage_step" in r]
+    logged = [
+        r["rollout/zero_advantage_step"] for r in trainer.state.log_history if "rollout/zero_advantage_step" in r
+    ]
     rank = trainer.accelerator.process_index
     summary = {"num_processes": trainer.accelerator.num_processes, "steps": digests.steps, "zero_advantage": logged}
     (pathlib.Path(out) / f"rank-{rank}.json").write_text(json.dumps(summary))

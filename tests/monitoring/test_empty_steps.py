@@ -94,9 +94,7 @@ class _Snapshots(TrainerCallback):
 
 
 def _identical(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a
-    )
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
 
 
 def test_a_skipped_zero_advantage_step_after_real_updates_leaves_weights_and_optimizer_bit_identical(
@@ -129,7 +127,9 @@ def test_a_skipped_zero_advantage_step_after_real_updates_leaves_weights_and_opt
         model, args, processing_class=tiny_tokenizer, backend=scripted(reply), callbacks=[snapshots]
     )
     trainer.train()
-    logged = [r["rollout/zero_advantage_step"] for r in trainer.state.log_history if "rollout/zero_advantage_step" in r]
+    logged = [
+        r["rollout/zero_advantage_step"] for r in trainer.state.log_history if "rollout/zero_advantage_step" in r
+    ]
     assert logged == [0.0, 0.0, 1.0]
     (w1, m1), (w2, m2), (w3, m3) = snapshots.steps
     assert not _identical(w1, w2) and not _identical(m1, m2)  # the second step did update
