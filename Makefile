@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test test-floors lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
+.PHONY: install model train test test-floors mutate lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,10 +23,10 @@ install: $(STAMP)
 model: $(STAMP)
 	$(PY) -m starpo_trl.offline_model
 
+# both demo recipes (benchmarks/demo.py), their before/after stored in benchmarks/results.json ("demo")
 train: $(STAMP)
 	rm -f runs/demo/report.json
-	$(PY) train.py --config recipes/demo-cpu-bandit.yaml --disable_tqdm true
-	$(PY) train.py --config recipes/demo-cpu-frozenlake.yaml --disable_tqdm true
+	$(PY) benchmarks/demo.py
 	@cat runs/demo/report.json
 
 test: $(STAMP) lint
@@ -35,6 +35,11 @@ test: $(STAMP) lint
 # the core tests again on the oldest versions pyproject.toml allows (transformers, trl, peft, accelerate, datasets)
 test-floors: $(STAMP)
 	$(PY) scripts/oldest_versions.py
+
+# mutation testing of the algorithms, the step skip, the masks and MI (mutmut; docs/testing.md); not in CI
+mutate: $(STAMP)
+	$(PY) -m pip install -q "mutmut>=3.3,<4"
+	$(PY) scripts/mutate.py
 
 # ruff (lint + format check, line length 119 as TRL); `make format` rewrites
 lint: $(STAMP)

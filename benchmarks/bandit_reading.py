@@ -27,7 +27,6 @@ import argparse
 import math
 import pathlib
 import sys
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -168,7 +167,7 @@ def main(argv: list[str]) -> dict:
     print(table(rows))
     train_rows = rows[1:]
     result = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "provenance": report.provenance(None),
         "recipe": args.recipe,
         "flags": " ".join(flags),
         "pairs": rows,
@@ -177,7 +176,7 @@ def main(argv: list[str]) -> dict:
     }
     section = dict(report.load().get("real_model", {}))
     section["reading"] = {**section.get("reading", {}), args.label or args.run_dir: result}
-    _store(section)
+    _store(section, None)
     print(
         f"reading: test pair {result['test_reading']:+.2f}, training pairs (mean) {result['train_reading_mean']:+.2f}"
     )

@@ -246,6 +246,7 @@ def main(replay: bool = False) -> None:
                 None,
             ),
         },
+        seeds=[0],
     )
 
 
@@ -291,13 +292,9 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
     result = summarise(name, settings, every=settings["mi_metrics_every"])
     history = json.loads((OUT / name / "report.json").read_text())["log_history"]
     mi_rows = [r for r in history if "collapse/retrieval_accuracy" in r]
-    # a replay re-judges the logged run: it keeps the time the run was measured
-    measured = load().get(section, {}).get("measured_at") if replay else None
     store(
         section,
         {
-            **({"measured_at": measured} if measured else {}),
-            "command": "python benchmarks/collapse.py --real" + ("" if name == "real-collapse" else f" {name}"),
             "model": f"SmolLM2-135M-Instruct (the warm start of recipes/{REAL_RECIPE}, expert noise {REAL_WARM_NOISE}"
             + (", the expert's think describing the state first" if think == "state" else "")
             + ")",
@@ -336,6 +333,9 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
                 for r in mi_rows
             ],
         },
+        seeds=[0],
+        command="python benchmarks/collapse.py --real" + ("" if name == "real-collapse" else f" {name}"),
+        kept_from=load().get(section) if replay else None,  # a replay re-judges the logged run
     )
 
 
@@ -391,6 +391,7 @@ def start_mi(lakes: int = 8, per_lake: int = 4, rollouts: int = 2) -> None:
     store(
         "mi_warm_starts",
         {"lakes": lakes, "per_lake": per_lake, "rollouts": rollouts, "noise": REAL_WARM_NOISE, "by_think": rows},
+        seeds=range(rollouts),
     )
 
 

@@ -84,6 +84,7 @@ def main() -> None:
             "lora_extra_mib": lora - base,
             "full_extra_mib": full - base,
         },
+        seeds=None,
     )
 
 

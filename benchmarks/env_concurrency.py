@@ -111,7 +111,7 @@ def main() -> None:
     with serve("starpo/Sokoban-v0") as (url, _):
         result["openenv_steps_per_s"] = round(steps_per_second("starpo/OpenEnv-v0", (("base_url", url),)), 1)
     print(result)
-    store("env_concurrency", result)
+    store("env_concurrency", result, seeds=None)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def main():
     print(f"Sokoban 6x6 resets/s: {sokoban:.0f} (target >= 200): {'OK' if sokoban >= 200 else 'BELOW TARGET'}")
     from report import store
 
-    store("envs", {"per_env": results, "sokoban_target_met": sokoban >= 200})
+    store("envs", {"per_env": results, "sokoban_target_met": sokoban >= 200}, seeds=range(300))
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def strategies() -> None:
             **stamp(),
         }
     results = {**kept_results("filter_strategies"), **results}
-    store("filter_strategies", {"per_env": results, "strategies": STRATEGIES, "seeds": list(SEEDS)})
+    store("filter_strategies", {"per_env": results, "strategies": STRATEGIES}, seeds=SEEDS)
 
 
 def windows() -> None:
@@ -214,7 +214,7 @@ def windows() -> None:
         }
         results[env_id] = {"runs": runs, "summary": summary, **stamp()}
     results = {**kept_results("context_windows"), **results}
-    store("context_windows", {"per_env": results, "windows": list(WINDOWS), "seeds": list(SEEDS)})
+    store("context_windows", {"per_env": results, "windows": list(WINDOWS)}, seeds=SEEDS)
 
 
 def ratios() -> None:
@@ -278,7 +278,7 @@ def ratios() -> None:
             "png": str(png.relative_to(ROOT)),
             "paper_ordering_held": mean[0.25] >= mean[0.5] >= mean[1.0],
         }
-    store("learning", {"per_env": results, "ratios": list(RATIOS), "seeds": list(SEEDS)})
+    store("learning", {"per_env": results, "ratios": list(RATIOS)}, seeds=SEEDS)
 
 
 def stamp() -> dict:

@@ -85,6 +85,7 @@ def main() -> None:
             "max_steps": recipe["max_steps"],
             "episodes": recipe["num_eval_episodes"],
         },
+        seeds=[recipe["seed"]],
     )
 
 

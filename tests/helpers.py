@@ -10,6 +10,9 @@ from starpo_trl import StarPOConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+# a ceiling for a multi-process launch: generous, since a busy 2-core machine runs it several times slower
+LAUNCH_TIMEOUT_S = 1200
+
 # a small LoRA on the tiny model, as train.py flags
 TINY_LORA_FLAGS = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
 
@@ -52,6 +55,6 @@ def run_two_processes(script: str, out, port: int, *args: str) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     cmd += [str(ROOT / "tests/distributed" / script), str(out), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [json.loads((pathlib.Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]

@@ -1,13 +1,26 @@
 """benchmarks/real_model.py records a finished run as the `real_model` -> `runs` entry and its table row."""
 
 import json
+import math
 import pathlib
+import re
 import sys
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(autouse=True)
+def _readme_copy(tmp_path, monkeypatch):
+    """The scripts rewrite README.md's result tables with BENCHMARKS.md: tests write a copy."""
+    import report
+
+    copy = tmp_path / "README.md"
+    copy.write_text((ROOT / "README.md").read_text())
+    monkeypatch.setattr(report, "README", copy)
 
 
 def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
@@ -147,7 +160,7 @@ def test_real_model_speed_rows(tmp_path, monkeypatch):
         "step_seconds": {"starpo": 30.0, "trl": 25.0},
         "mean_completion_tokens": {"starpo": 32.0, "trl": 32.0},
     }
-    report.store("real_model", rows)
+    report.store("real_model", rows, seeds=None)
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["real_model"]["kv_reuse_speedup"] == 1.9
     assert "kv_reuse_speedup" not in stored  # the top-level headline ratios are make bench's (the tiny model's)
@@ -176,7 +189,7 @@ def test_mi_pass_rows_and_table(tmp_path, monkeypatch, tiny_tokenizer):
     assert (rows["batch_2"]["forward_passes_whole"], rows["batch_2"]["forward_passes_shared"]) == (6, 9)
     assert (rows["batch_16"]["forward_passes_whole"], rows["batch_16"]["forward_passes_shared"]) == (1, 6)
     rows["batch_2"].update(whole_s=8.0, shared_prefix_s=2.0, speedup=4.0)
-    report.store("mi_pass", rows)
+    report.store("mi_pass", rows, seeds=[0])
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "tiny; one random sample of 3 inputs x 4 reasonings, 20 and 3 tokens" in text
     assert "| 2 | 6 / 9 | 8.00 | 2.00 | 4.0 |" in text
@@ -199,7 +212,9 @@ def test_mi_warm_starts_table(tmp_path, monkeypatch):
         "mi_seconds": 20.4,
     }
     by_think = {"action": row, "state": {**row, "mi_estimate": 1.5, "mi_per_pass": [1.4, 1.6]}}
-    report.store("mi_warm_starts", {"lakes": 8, "per_lake": 4, "rollouts": 2, "noise": 0.1, "by_think": by_think})
+    report.store(
+        "mi_warm_starts", {"lakes": 8, "per_lake": 4, "rollouts": 2, "noise": 0.1, "by_think": by_think}, seeds=[0, 1]
+    )
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| action | 0.250 | 0.200 (0.10, 0.30) | 0.125 | 0.071 | 14 x 32 | 20 |" in text
     assert "| state | 0.250 | 1.500 (1.40, 1.60) |" in text
@@ -229,7 +244,7 @@ def test_filter_strategies_table(tmp_path, monkeypatch):
     ]
     summary = {"a": {"mean": 0.6, "spread": 0.2}, "b": {"mean": 0.4, "spread": 0.0}}
     env = {"runs": runs, "summary": summary, "ordering": ["a", "b"], "png": "benchmarks/x.png"}
-    report.store("filter_strategies", {"per_env": {"starpo/FrozenLake-v0": env}, "strategies": {}, "seeds": [0, 1]})
+    report.store("filter_strategies", {"per_env": {"starpo/FrozenLake-v0": env}, "strategies": {}}, seeds=[0, 1])
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| `starpo/FrozenLake-v0` | a | 0.600 | 0.200 | 0.500, 0.700 | 0.25 | 0, 0 | 10 |" in text
     assert "| `starpo/FrozenLake-v0` | b | 0.400 | 0.000 | 0.400, 0.400 | 0.55 | 2, 0 | 10 |" in text
@@ -255,7 +270,7 @@ def test_multi_env_table(tmp_path, monkeypatch):
         "max_steps": 60,
         "episodes": 256,
     }
-    report.store("multi_env", section)
+    report.store("multi_env", section, seeds=[0])
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| `starpo/Bandit-v0` | `starpo/BanditTest-v0` | 0.800 | 0.900 | 61 |" in text
     assert "multi-env run 200 s" in text
@@ -276,8 +291,8 @@ def test_context_windows_table(tmp_path, monkeypatch):
         {
             "per_env": {"starpo/FrozenLake-v0": {"runs": runs, "summary": summary}},
             "windows": ["full"],
-            "seeds": [0, 1],
         },
+        seeds=[0, 1],
     )
     assert (
         "| `starpo/FrozenLake-v0` | full | 0.400 | 0.200 | 0.300, 0.500 | 900 |"
@@ -531,3 +546,67 @@ def test_collapse_real_run_stops_at_its_time_budget():
     assert over.on_step_end(None, None, TrainerControl()).should_training_stop
     within = collapse.StopAfter(budget_s=60.0, start=time.time() - 30.0)
     assert not within.on_step_end(None, None, TrainerControl()).should_training_stop
+
+
+# -- provenance: every published number comes from a stored run ------------------------------------------------------
+def _results() -> dict:
+    return json.loads((ROOT / "benchmarks/results.json").read_text())
+
+
+def test_every_results_section_carries_its_provenance():
+    """Each section says the commit it was measured at (and whether the code differed), the command, the seeds,
+    the machine, the time and the wall time; a top-level number is a copy of its section's."""
+    import report
+
+    results = _results()
+    for key, section in results.items():
+        if isinstance(section, dict):
+            missing = [k for k in report.PROVENANCE if k not in section]
+            assert not missing, f"section {key!r} has no {missing}: store it with report.store, never by hand"
+            if not section.get("backfilled"):
+                assert re.fullmatch(r"[0-9a-f]{40}", section["commit"]), key
+                assert isinstance(section["dirty"], bool) and section["command"].startswith("python "), key
+        else:
+            assert any(results[s].get(key) == section for s in report.HEADLINE_SECTIONS if s in results), key
+    for run in results.get("real_model", {}).get("runs", []):
+        assert all(k in run["provenance"] for k in report.PROVENANCE), run["recipe"]
+
+
+def test_store_stamps_the_commit_command_seeds_and_wall_time(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks/demo.py"), "--seeds", "1", "2"])
+    section = report.store("demo_seeds", {}, seeds=range(1, 3), wall_seconds=12.34)["demo_seeds"]
+    head = report._git("rev-parse", "HEAD").strip()
+    assert section["commit"] == head and isinstance(section["dirty"], bool)
+    assert section["command"] == "python benchmarks/demo.py --seeds 1 2"
+    assert section["seeds"] == [1, 2] and section["wall_seconds"] == 12.3
+    # a replay keeps the stored run's provenance, not its own
+    kept = report.store("x", {"a": 1}, seeds=[0], kept_from=section)["x"]
+    assert {k: kept[k] for k in report.PROVENANCE} == {k: section[k] for k in report.PROVENANCE} and kept["a"] == 1
+
+
+def test_readme_result_tables_are_rendered_from_results_json():
+    """README.md's result tables are the renderings of results.json (run a benchmark script to change them), and
+    no other table in it holds a decimal number (a result written by hand)."""
+    import report
+
+    text = (ROOT / "README.md").read_text()
+    assert text == report.render_readme(text, _results()), "README's result tables differ from results.json"
+    outside = re.sub(r"<!-- results:(\S+) -->.*?<!-- /results:\1 -->", "", text, flags=re.S)
+    rows = [line for line in outside.splitlines() if line.startswith("|")]
+    assert rows and not [line for line in rows if re.search(r"\d\.\d", line)]
+    for name in report.README_TABLES:
+        assert f"<!-- results:{name} -->" in text
+
+
+def test_demo_gain_and_its_standard_error_by_hand():
+    from demo import gain
+
+    # 0.3 -> 0.5 on 256 episodes: se = sqrt(0.21 / 256 + 0.25 / 256) = 0.04239; 0.2 / se = 4.72
+    g = gain(0.3, 0.5, 256)
+    assert g["gain"] == 0.2 and g["standard_error"] == pytest.approx(math.sqrt(0.46 / 256), abs=1e-4)
+    assert g["gain_in_standard_errors"] == pytest.approx(0.2 / math.sqrt(0.46 / 256), abs=0.01)
+    assert gain(1.0, 1.0, 256)["gain_in_standard_errors"] is None

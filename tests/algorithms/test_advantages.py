@@ -17,6 +17,7 @@ from starpo_trl.algorithms import (
     rloo_advantages,
     whiten,
 )
+from starpo_trl.algorithms.advantages import batch_mean_advantages
 from starpo_trl.algorithms.scoring import filter_groups
 
 
@@ -392,3 +393,52 @@ def test_asym_clip_cuts_losses_at_clip_and_wins_at_three_times_clip():
     out = normalize_rewards(R, 3, "asym_clip", "group", clip=0.5)
     s0 = math.sqrt(1 / 3) + 1e-6
     assert out.tolist() == pytest.approx([(2 / 3) / s0, -0.5, -0.5, 1 / (1 + 1e-6), -0.5, 0.0])
+
+
+def test_estimators_leave_failed_and_lone_episodes_at_zero_and_name_bad_settings():
+    nan = float("nan")
+    # scale "none": a failed episode (NaN) gets exactly 0, not NaN or 1
+    assert grpo_advantages(torch.tensor([1.0, nan, 0.0]), 3, "none").tolist() == [0.5, 0.0, -0.5]
+    # RLOO: the only valid episode of its group has no others to compare with: 0
+    assert rloo_advantages(torch.tensor([nan, 2.0, 1.0, 0.0]), 2).tolist() == [0.0, 0.0, 1.0, -1.0]
+    # the batch-mean baseline of a single episode: 0
+    assert batch_mean_advantages(torch.tensor([3.0]), "batch").tolist() == [0.0]
+    with pytest.raises(ValueError, match="scale_rewards must be 'group', 'batch' or 'none', got 'x'"):
+        grpo_advantages(torch.zeros(2), 2, "x")
+    with pytest.raises(ValueError, match="scales over the batch: scale_rewards must be 'batch' or 'none'"):
+        batch_mean_advantages(torch.zeros(2), "group")
+    with pytest.raises(ValueError, match="reward_normalization must be identity, mean, mean_std or asym_clip"):
+        normalize_rewards(torch.zeros(2), 2, "z")
+
+
+def test_normalisation_defaults_are_identity_per_group_and_clip_one():
+    # defaults: identity normalisation, per group; asym_clip clips at [-1, 3] unless told
+    assert torch.equal(normalize_rewards(R, 3), R)
+    shift, scale = reward_normalization_terms(R, 3)
+    assert shift.tolist() == [0.0] * 6 and scale.tolist() == [1.0] * 6
+    assert torch.allclose(reward_normalization_terms(R, 3, "mean")[0], GROUP_MEAN)  # scope defaults to group
+    wide = torch.tensor([0.0] * 9 + [100.0], dtype=torch.float64)  # (100 - 10) / std(= 31.62) = 2.846; -0.316
+    assert normalize_rewards(wide, 10, "asym_clip").tolist() == pytest.approx(
+        [-10 / math.sqrt(1000)] * 9 + [90 / math.sqrt(1000)], abs=1e-4
+    )
+    wider = torch.tensor([0.0] * 15 + [100.0], dtype=torch.float64)  # 93.75 / 25 = 3.75 -> 3 (3 * clip)
+    assert normalize_rewards(wider, 16, "asym_clip")[-1].item() == 3.0
+
+
+def test_rows_without_turns_before_other_rows_are_skipped_not_the_end():
+    # an empty row (a failed episode, or padding) first: the rows after it still get their rewards / advantages
+    placed = place_rewards((2, 3), [[], [1.0, 2.0]], [[], [0, 2]], per_turn=True)
+    assert placed.tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 2.0]]
+    values = torch.tensor([[0.0, 0.0], [0.25, 0.5]])
+    adv, ret = bilevel_gae([[], [1.0]], [[], [1]], values, torch.tensor([[0, 0], [1, 1]]), 1.0, 1.0, 1.0)
+    assert adv.tolist() == [[0.0, 0.0], [0.75, 0.5]] and ret.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_advantages_are_float32_whatever_the_critics_dtype():
+    """A bfloat16 critic's values must not make GAE accumulate in bfloat16 (1 + 1/256 rounds to 1 there)."""
+    values = torch.tensor([[0.5, 0.25, 0.125]], dtype=torch.bfloat16)
+    rewards = torch.tensor([[0.0, 0.0, 1.0 + 1 / 256]])
+    adv, ret = masked_gae(rewards, values, torch.ones(1, 3), 1.0, 1.0)
+    assert adv.dtype == torch.float32 and adv[0, 2].item() == pytest.approx(1 + 1 / 256 - 0.125)
+    adv, ret = bilevel_gae([[1.0 + 1 / 256]], [[2]], values, torch.ones(1, 3), 1.0, 1.0, 1.0)
+    assert adv.dtype == ret.dtype == torch.float32 and ret[0, 0].item() == pytest.approx(1 + 1 / 256)

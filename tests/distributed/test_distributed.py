@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
-from helpers import TINY_LORA_FLAGS
+from helpers import LAUNCH_TIMEOUT_S, TINY_LORA_FLAGS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -88,7 +88,7 @@ def _launch(out, port, *extra, model=None, config=ROOT / "accelerate_configs/cpu
         *extra,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
 

@@ -18,6 +18,7 @@ import pytest
 import envs  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+SERVER_START_S = 300
 
 
 @contextlib.contextmanager
@@ -30,16 +31,18 @@ def serve(env_id: str, env_kwargs: str = "{}"):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        # a busy 2-core machine can take minutes to import and start the server: poll until it answers
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
             try:
-                urllib.request.urlopen(f"{url}/health", timeout=1)
+                urllib.request.urlopen(f"{url}/health", timeout=5)
                 break
             except OSError:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the server exited with {proc.returncode}") from None
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("the server did not come up within 30 s")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not come up within {SERVER_START_S} s") from None
+                time.sleep(0.2)
         yield url, proc
     finally:
         proc.terminate()

@@ -43,6 +43,7 @@ def test_state_round_trip_and_dropped_gradients(tmp_path):
     assert weight.grad is None
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("skip", [False, True])
 def test_a_step_whose_advantages_are_all_zero_is_skipped_only_when_asked(tmp_path, tiny_tokenizer, scripted, skip):
     """Every episode names Dragon, so each group's rewards agree and every GRPO advantage is 0: the
@@ -68,6 +69,25 @@ def test_a_step_whose_advantages_are_all_zero_is_skipped_only_when_asked(tmp_pat
     assert moved != skip
     logged = [r["rollout/zero_advantage_step"] for r in history if "rollout/zero_advantage_step" in r]
     assert logged == ([1.0, 1.0] if skip else [])
+
+
+def test_a_zero_advantage_step_is_skipped_only_with_the_option_and_counted_apart(tmp_path):
+    """update() by hand: a zero-advantage step skips (and zeroes the loss) only with skip_zero_advantage_steps,
+    never counts toward the empty-step stop, and an empty step is empty, not zero-advantage."""
+    off = EmptySteps(make_args(tmp_path), lambda: [])
+    assert off.update(False, False, zero_advantage=True) == {
+        "rollout/empty_step": 0.0,
+        "rollout/empty_after_filter": 0.0,
+    }
+    assert not off.skip and not off.zero_advantage
+    on = EmptySteps(make_args(tmp_path, skip_zero_advantage_steps=True, max_empty_steps=2), lambda: [])
+    for _ in range(3):  # three in a row: no stop (the stop counts empty steps only)
+        metrics = on.update(False, False, zero_advantage=True)
+        assert on.skip and on.zero_advantage and metrics["rollout/zero_advantage_step"] == 1.0
+        assert on.empty_in_a_row == 0
+    assert on.update(False, False)["rollout/zero_advantage_step"] == 0.0 and not on.skip and not on.zero_advantage
+    assert on.update(True, False, zero_advantage=True)["rollout/zero_advantage_step"] == 0.0
+    assert on.skip and not on.zero_advantage and on.empty_in_a_row == 1
 
 
 def test_zero_advantage_skip_needs_a_group_estimator(tmp_path):
@@ -97,6 +117,7 @@ def _identical(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
 
 
+@pytest.mark.trains
 def test_a_skipped_zero_advantage_step_after_real_updates_leaves_weights_and_optimizer_bit_identical(
     tmp_path, tiny_tokenizer, scripted
 ):
@@ -137,6 +158,7 @@ def test_a_skipped_zero_advantage_step_after_real_updates_leaves_weights_and_opt
     assert _identical(w2, w3) and _identical(m2, m3)
 
 
+@pytest.mark.trains
 def test_a_skipped_zero_advantage_step_is_bit_identical_on_two_processes(tmp_path):
     """The same three steps under torchrun in 2 CPU processes (DDP, gloo; tests/distributed/dist_zero_advantage_skip.py):
     on both processes the skipped third step leaves the weights' and the optimizer state's digests as they were

@@ -177,6 +177,7 @@ def test_ema_normalizer():
     assert ema(4.0) == pytest.approx(2.0)  # (4 - 2) / 1
 
 
+@pytest.mark.trains
 def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tokenizer, fresh_model):
     from conftest import ScriptedBackend
     from helpers import make_args
@@ -226,6 +227,7 @@ def test_identical_inputs_are_one_input(tiny_tokenizer):
     assert len(xs) == 2 and own == [0, 0, 0, 0, 1, 1]  # the first two groups share their prompt
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("mode", ["zero3", "fsdp"])
 def test_mi_pass_on_weights_sharded_across_two_processes(tmp_path, mode):
     """The MI pass on a policy sharded by ZeRO-3 or FSDP2 (2 CPU processes, gloo; tests/distributed/dist_mi_sharded.py):

@@ -1,0 +1,70 @@
+"""Episodes as TRL's batch, to the token: padding sides, masks, logprobs, rows per turn, padded row counts."""
+
+import math
+
+import torch
+
+from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
+from starpo_trl.rollout.engine import Episode, StartState
+
+S = StartState("starpo/Bandit-v0", 0)
+
+
+def test_episodes_to_tensors_by_hand():
+    """Two episodes: prompts of 3 and 1 tokens (left-padded with pad id 0), completions of 5 and 2 tokens
+    (right-padded), env tokens (mask 0) in the middle of the first; logprobs 0 on padding."""
+    a = Episode(S, [11, 12, 13], [21, 22, 90, 91, 23], [1, 1, 0, 0, 1], [-0.1, -0.2, 0.0, 0.0, -0.3])
+    b = Episode(S, [14], [24, 25], [1, 1], [-0.4, -0.5])
+    t = episodes_to_tensors([a, b], pad_token_id=0, device="cpu")
+    assert t["prompt_ids"].tolist() == [[11, 12, 13], [0, 0, 14]]
+    assert t["prompt_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert t["completion_ids"].tolist() == [[21, 22, 90, 91, 23], [24, 25, 0, 0, 0]]
+    assert t["completion_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert t["tool_mask"].tolist() == [[1, 1, 0, 0, 1], [1, 1, 0, 0, 0]]
+    assert torch.equal(
+        t["sampling_per_token_logps"], torch.tensor([[-0.1, -0.2, 0.0, 0.0, -0.3], [-0.4, -0.5, 0.0, 0.0, 0.0]])
+    )
+    assert all(v.dtype == torch.long for k, v in t.items() if k != "sampling_per_token_logps")
+    # the loss sees model tokens only: completion mask x tool mask
+    assert (t["completion_mask"] * t["tool_mask"]).sum().item() == 5
+
+
+def test_no_completion_token_at_all_gives_one_masked_padding_column():
+    t = episodes_to_tensors([Episode(S, [5, 6]), Episode(S, [7])], pad_token_id=3, device="cpu")
+    assert t["completion_ids"].tolist() == [[3], [3]]
+    assert t["completion_mask"].tolist() == [[0], [0]] and t["tool_mask"].tolist() == [[0], [0]]
+    assert t["sampling_per_token_logps"].tolist() == [[0.0], [0.0]]
+
+
+def test_rows_per_turn_and_padded_row_counts():
+    """A context-window episode (turn_prompts set) is one row per turn: that turn's prompt, its reply verbatim."""
+    ep = Episode(
+        S,
+        [1, 2],
+        [30, 31, 80, 32, 33, 34],
+        [1, 1, 0, 1, 1, 1],
+        [-1.0, -2.0, 0.0, -3.0, -4.0, -5.0],
+        turn_rewards=[0.5, 1.0],
+        turn_end_positions=[1, 5],
+        reply_starts=[0, 3],
+        turn_prompts=[[1, 2], [7, 80]],
+    )
+    whole = Episode(S, [9], [40], [1], [-0.5], turn_rewards=[0.0], turn_end_positions=[0])
+    rows, owner = episode_rows([whole, ep])
+    assert owner == [0, 1, 1] and rows[0] is whole
+    assert [r.prompt_ids for r in rows[1:]] == [[1, 2], [7, 80]]
+    assert [r.completion_ids for r in rows[1:]] == [[30, 31], [32, 33, 34]]
+    assert [r.env_mask for r in rows[1:]] == [[1, 1], [1, 1, 1]]
+    assert [r.logprobs for r in rows[1:]] == [[-1.0, -2.0], [-3.0, -4.0, -5.0]]
+    assert [r.turn_rewards for r in rows[1:]] == [[0.5], [1.0]]
+    assert [r.turn_end_positions for r in rows[1:]] == [[1], [2]]
+    assert [padded_rows(n, 4) for n in (0, 1, 4, 5, 8)] == [4, 4, 4, 8, 8]
+
+
+def test_filter_values_by_hand():
+    a = Episode(S, [1], [5, 6, 90], [1, 1, 0], [-1.0, -3.0, 0.0])
+    b = Episode(S, [1], [90], [0], [0.0])
+    assert episode_filter_values([a, b], "length") == (None, [2, 0])
+    entropies, lengths = episode_filter_values([a, b], "entropy")
+    assert entropies[0] == 2.0 and math.isnan(entropies[1]) and lengths is None
+    assert episode_filter_values([a, b], "std") == (None, None)
