@@ -236,7 +236,7 @@ def reads_payouts(recipe: str, flags: list[str]) -> bool:
     return isinstance(env, BanditEnv) and env.show_payouts and not cfg.enable_think
 
 
-def speed_rows(repeats: int = 2) -> dict:
+def speed_rows(repeats: int = 3) -> dict:
     import report
     import speed
     import torch
@@ -254,7 +254,7 @@ def speed_rows(repeats: int = 2) -> dict:
     model = load().eval()
     rows = speed.rollout_rows(model, tok, repeats=repeats, sequential=False)
     del model
-    rows.update(speed.step_time_rows(tok, load, batch=8, generations=4, steps=4))
+    rows.update(speed.step_time_rows(tok, load, batch=8, generations=4, steps=4, repeats=repeats))
     section = dict(report.load().get("real_model", {}))
     section.update(rows, speed_provenance=report.provenance(range(repeats)))
     _store(section, range(repeats))

@@ -134,7 +134,9 @@ def rollout_rows(model, tok, repeats: int = REPEATS, sequential: bool = True) ->
         print(f"{line}, turns {max(e.num_turns for e in episodes)}", flush=True)
     rows = {
         "rollout_overhead_ratio": statistics.median(ratios),
+        "rollout_overhead_ratio_repeats": [round(x, 4) for x in ratios],
         "kv_reuse_speedup": reuse,
+        "kv_reuse_speedup_repeats": [round(s[False] / s[True], 4) for s in seconds],
         "rollout_seconds": {
             "kv_reuse_off": round(statistics.median([s[False] for s in seconds]), 2),
             "kv_reuse_on": round(statistics.median([s[True] for s in seconds]), 2),
@@ -145,6 +147,7 @@ def rollout_rows(model, tok, repeats: int = REPEATS, sequential: bool = True) ->
     }
     if sequential:
         rows["batched_vs_sequential_speedup"] = statistics.median(speedups)
+        rows["batched_vs_sequential_speedup_repeats"] = [round(x, 4) for x in speedups]
     return rows
 
 
@@ -190,8 +193,11 @@ def real_model_kv_reuse() -> dict:
     return {"kv_reuse_speedup_smollm2": ratio}
 
 
-def step_time_rows(tok, make_model, batch: int = 16, generations: int = 8, steps: int = 6) -> dict:
-    """One step of each trainer (median over ``steps`` - 1: the first warms up) per model token.
+def step_time_rows(
+    tok, make_model, batch: int = 16, generations: int = 8, steps: int = 6, repeats: int = REPEATS
+) -> dict:
+    """One step of each trainer (median over ``steps`` - 1: the first warms up) per model token, side by
+    side ``repeats`` times (which trainer runs first alternates); the ratio is the median of the repeats'.
     ``make_model()`` builds a fresh copy of the model for each trainer."""
     import gymnasium as gym
     from datasets import Dataset
@@ -217,19 +223,22 @@ def step_time_rows(tok, make_model, batch: int = 16, generations: int = 8, steps
         bf16=False,
     )
     tmp = tempfile.mkdtemp()
-    ours = MultiTurnStarPOTrainer(
-        make_model(),
-        StarPOConfig(
-            output_dir=tmp + "/a",
-            env_id="starpo/Bandit-v0",
-            num_start_states=batch // generations,
-            rollout_filter_ratio=1.0,
-            max_turns=1,
-            max_tokens_per_turn=32,
-            **common,
-        ),
-        processing_class=tok,
-    )
+
+    def ours():
+        return MultiTurnStarPOTrainer(
+            make_model(),
+            StarPOConfig(
+                output_dir=tmp + "/a",
+                env_id="starpo/Bandit-v0",
+                num_start_states=batch // generations,
+                rollout_filter_ratio=1.0,
+                max_turns=1,
+                max_tokens_per_turn=32,
+                **common,
+            ),
+            processing_class=tok,
+        )
+
     env = gym.make("starpo/Bandit-v0")
     prompts = []
     for seed in range(64):
@@ -253,29 +262,42 @@ def step_time_rows(tok, make_model, batch: int = 16, generations: int = 8, steps
             rewards.append(e.step(parsed.actions[0])[1] if parsed.format_ok else -0.1)
         return rewards
 
-    stock = GRPOTrainer(
-        make_model(),
-        reward_funcs=[bandit_reward],
-        processing_class=tok,
-        args=GRPOConfig(output_dir=tmp + "/b", max_completion_length=32, **common),
-        train_dataset=Dataset.from_list(prompts),
-    )
+    def stock():
+        return GRPOTrainer(
+            make_model(),
+            reward_funcs=[bandit_reward],
+            processing_class=tok,
+            args=GRPOConfig(output_dir=tmp + "/b", max_completion_length=32, **common),
+            train_dataset=Dataset.from_list(prompts),
+        )
+
     ChatFormat(tok, [tok.eos_token_id])  # same template check the engine makes, outside the clock
-    times = {}
-    for name, trainer in (("starpo", ours), ("trl", stock)):
-        trainer.train()
-        steps = [r["step_time"] for r in trainer.state.log_history if "step_time" in r][1:]  # the first warms up
-        tokens = [
-            r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")
-        ]
-        times[name] = (statistics.median(steps), sum(tokens) / len(tokens))
-        print(f"{name}: median step {times[name][0]:.3f}s, mean completion tokens {times[name][1]:.1f}", flush=True)
-    # normalise by model tokens per step, since sampled lengths differ between the two runs
-    per_token = {k: t / n for k, (t, n) in times.items()}
+    ratios, runs = [], []
+    for rep in range(repeats):
+        times = {}
+        order = (("starpo", ours), ("trl", stock)) if rep % 2 == 0 else (("trl", stock), ("starpo", ours))
+        for name, build in order:
+            trainer = build()
+            trainer.train()
+            steps = [r["step_time"] for r in trainer.state.log_history if "step_time" in r][1:]  # the first warms up
+            tokens = [
+                r.get("completions/mean_length") for r in trainer.state.log_history if r.get("completions/mean_length")
+            ]
+            times[name] = (statistics.median(steps), sum(tokens) / len(tokens))
+            print(
+                f"rep {rep} {name}: median step {times[name][0]:.3f}s, completion tokens {times[name][1]:.1f}",
+                flush=True,
+            )
+        # normalise by model tokens per step, since sampled lengths differ between the two runs
+        per_token = {k: t / n for k, (t, n) in times.items()}
+        ratios.append(per_token["starpo"] / per_token["trl"])
+        runs.append(times)
+    middle = runs[sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]]  # the median repeat's seconds
     return {
-        "step_time_ratio_vs_trl_grpo": per_token["starpo"] / per_token["trl"],
-        "step_seconds": {k: round(v[0], 4) for k, v in times.items()},
-        "mean_completion_tokens": {k: round(v[1], 1) for k, v in times.items()},
+        "step_time_ratio_vs_trl_grpo": statistics.median(ratios),
+        "step_time_ratio_vs_trl_grpo_repeats": [round(x, 4) for x in ratios],
+        "step_seconds": {k: round(v[0], 4) for k, v in middle.items()},
+        "mean_completion_tokens": {k: round(v[1], 1) for k, v in middle.items()},
     }
 
 

@@ -610,3 +610,11 @@ def test_demo_gain_and_its_standard_error_by_hand():
     assert g["gain"] == 0.2 and g["standard_error"] == pytest.approx(math.sqrt(0.46 / 256), abs=1e-4)
     assert g["gain_in_standard_errors"] == pytest.approx(0.2 / math.sqrt(0.46 / 256), abs=0.01)
     assert gain(1.0, 1.0, 256)["gain_in_standard_errors"] is None
+
+
+def test_ratios_show_the_median_and_the_spread_of_their_repeats():
+    from report import spread_text
+
+    section = {"kv_reuse_speedup": 3.1, "kv_reuse_speedup_repeats": [3.4, 2.9, 3.1]}
+    assert spread_text(section, "kv_reuse_speedup") == "3.10 (2.90-3.40, 3 repeats)"
+    assert spread_text({"kv_reuse_speedup": 3.1}, "kv_reuse_speedup") == "3.10"  # measured before repeats were stored

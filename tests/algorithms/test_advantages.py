@@ -442,3 +442,125 @@ def test_advantages_are_float32_whatever_the_critics_dtype():
     assert adv.dtype == torch.float32 and adv[0, 2].item() == pytest.approx(1 + 1 / 256 - 0.125)
     adv, ret = bilevel_gae([[1.0 + 1 / 256]], [[2]], values, torch.ones(1, 3), 1.0, 1.0, 1.0)
     assert adv.dtype == ret.dtype == torch.float32 and ret[0, 0].item() == pytest.approx(1 + 1 / 256)
+
+
+def test_between_group_share_with_three_groups_and_a_total_of_one():
+    # groups [1, 1], [0, 0], [0, 1]: means 1, 0, 0.5 (grand 0.5); MSB = 2 * (0.25 + 0.25 + 0) / 2 = 0.5;
+    # MSW = (0 + 0 + 0.5) / (3 * 1) = 1/6; between = (0.5 - 1/6) / 2 = 1/6; share = (1/6) / (1/6 + 1/6) = 0.5
+    assert between_group_share(torch.tensor([1.0, 1, 0, 0, 0, 1]), 2) == pytest.approx(0.5)
+    # groups [0, 2] and [1, 1]: equal means (MSB 0), MSW = (2 + 0) / 2 = 1: the share is 0, not undefined
+    assert between_group_share(torch.tensor([0.0, 2, 1, 1]), 2) == 0.0
+
+
+def test_whitening_two_tokens_a_small_spread_and_a_constant():
+    m = torch.ones(1, 2)
+    # [1, 3]: mean 2, unbiased var 2 -> -+1/sqrt(2)
+    assert whiten(torch.tensor([[1.0, 3.0]]), m)[0].tolist() == pytest.approx([-(0.5**0.5), 0.5**0.5], abs=1e-6)
+    # [1, 1.5]: mean 1.25, var 0.125 -> -+0.25 / sqrt(0.125) = -+0.7071 (a small variance is not floored)
+    assert whiten(torch.tensor([[1.0, 1.5]]), m)[0].tolist() == pytest.approx([-(0.5**0.5), 0.5**0.5], abs=1e-5)
+    # [2, 2, 2]: no spread -> exact zeros (eps keeps the division defined)
+    assert whiten(torch.full((1, 3), 2.0), torch.ones(1, 3)).tolist() == [[0.0, 0.0, 0.0]]
+    # a single token: nothing to whiten against
+    assert whiten(torch.tensor([[5.0, 7.0]]), torch.tensor([[1, 0]])).tolist() == [[0.0, 0.0]]
+
+
+def test_critic_turn_rewards_normalised_per_turn_or_on_the_last_turn_by_hand():
+    """Kept batch [1, 0 | 3, 1] in groups of 2, mean_std per group: group 1 has mean 2 and std sqrt(2). Its two
+    episodes (rows 2:4) played turns [1, 2] and [0.5, 0.5]: each turn divided by the scale, the mean taken off
+    the last, so the turns add up to the normalised episode reward ((3 - 2) / sqrt 2 and (1 - 2) / sqrt 2)."""
+    from starpo_trl.algorithms.scoring import critic_turn_rewards
+
+    raw = torch.tensor([1.0, 0.0, 3.0, 1.0])
+    normalized = normalize_rewards(raw, 2, "mean_std")
+    args = filter_settings(use_turn_rewards=True, reward_normalization="mean_std", reward_norm_scope="group")
+    c = math.sqrt(2) + 1e-6
+    got = critic_turn_rewards([[1.0, 2.0], [0.5, 0.5], []], raw, normalized, slice(2, 4), 2, args)
+    assert got[0] == pytest.approx([1 / c, 0.0]) and got[1] == pytest.approx([0.5 / c, -1.5 / c]) and len(got) == 2
+    assert sum(got[0]) == pytest.approx(float(normalized[2])) and sum(got[1]) == pytest.approx(float(normalized[3]))
+    assert critic_turn_rewards([[1.0, 2.0], []], raw, normalized, slice(2, 4), 2, args)[1] == []
+    args.use_turn_rewards = False  # the normalised episode reward on the last turn
+    got = critic_turn_rewards([[1.0, 2.0], [0.5, 0.5]], raw, normalized, slice(2, 4), 2, args)
+    assert got == [[0.0, pytest.approx(1 / c)], [0.0, pytest.approx(-1 / c)]]
+    assert critic_turn_rewards([[], [1.0]], raw, normalized, slice(0, 2), 2, args) == [
+        [],
+        [pytest.approx(-0.5 / (math.sqrt(0.5) + 1e-6))],
+    ]
+
+
+def test_score_rollout_feeds_the_filter_its_metric_and_normalises_the_kept_groups():
+    from starpo_trl.algorithms.scoring import score_rollout
+
+    rewards = [1.0, 0.0, 3.0, 1.0, 0.5, 0.5]
+    failed = torch.zeros(6, dtype=torch.bool)
+    base = dict(env_error_policy="exclude", env_failure_reward=0.0, reward_norm_scope="group", use_turn_rewards=False)
+    # by length: group 2 (lengths 9, 9) is the longest, then group 0
+    args = filter_settings(
+        **base,
+        rollout_filter_ratio=0.5,
+        rollout_filter_metric="length",
+        reward_normalization="mean_std",
+        advantage_estimator="grpo",
+    )
+    scored = score_rollout(rewards, failed, 2, args, lengths=[5, 5, 1, 1, 9, 9])
+    assert scored.kept_groups.tolist() == [0, 2] and scored.rewards.dtype == torch.float32
+    # kept rewards normalised per group of 2: [1, 0] -> +-0.5 / (sqrt(0.5) + 1e-6); [0.5, 0.5] -> 0
+    s = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert scored.kept_rewards.tolist() == pytest.approx([s, -s, 0.0, 0.0])
+    # by entropy: group 1 (entropies 4, 6) ranks first
+    args.rollout_filter_metric, args.rollout_filter_ratio = "entropy", 0.25
+    assert score_rollout(rewards, failed, 2, args, entropies=[1.0, 1.0, 4.0, 6.0, 2.0, 2.0]).kept_groups.tolist() == [
+        1
+    ]
+    # per env: groups 0, 1 in env 0 and group 2 in env 1; one group each
+    args.rollout_filter_metric, args.rollout_filter_ratio, args.rollout_filter_scope = "std", 0.5, "per_env"
+    assert score_rollout(rewards, failed, 2, args, group_env=[0, 0, 1]).kept_groups.tolist() == [1, 2]
+    # two processes: kept rows must divide between them (2 groups of 2 rows: they do)
+    assert score_rollout(rewards, failed, 2, args, num_processes=2, group_env=[0, 0, 1]).keep.tolist() == [2, 3, 4, 5]
+
+
+def test_reward_functions_add_to_the_last_turn_of_played_episodes():
+    from starpo_trl.algorithms.scoring import add_function_rewards, env_reward
+    from starpo_trl.rollout.engine import Episode, StartState
+
+    def episode(seed, turns, error=None):
+        msgs = [{"role": "user", "content": f"s{seed}"}, {"role": "assistant", "content": f"a{seed}"}]
+        return Episode(
+            StartState("starpo/Bandit-v0", seed),
+            [1],
+            turn_rewards=list(turns),
+            env_error=error,
+            messages=msgs,
+            success=seed == 1,
+        )
+
+    played, failed, never = episode(1, [0.5, 1.0]), episode(2, [0.2], error="step: boom"), episode(3, [])
+    seen = {}
+
+    def bonus(prompts, completions, env_id, seed, success, env_reward):
+        seen.update(
+            prompts=prompts, completions=completions, env_id=env_id, seed=seed, success=success, env_reward=env_reward
+        )
+        return [0.25]
+
+    def nothing(prompts, completions, **kw):
+        return [None]
+
+    assert add_function_rewards([played, failed, never], [bonus, nothing]) == {"bonus": 0.25, "nothing": 0.0}
+    assert played.turn_rewards == [0.5, 1.25] and failed.turn_rewards == [0.2] and never.turn_rewards == []
+    assert seen == {
+        "prompts": [[{"role": "user", "content": "s1"}]],
+        "completions": [[{"role": "assistant", "content": "a1"}]],
+        "env_id": ["starpo/Bandit-v0"],
+        "seed": [1],
+        "success": [True],
+        "env_reward": [1.5],
+    }
+    assert add_function_rewards([failed, never], [bonus]) == {}
+    with pytest.raises(ValueError, match="reward function bonus returned 2 rewards for 1 episodes"):
+        add_function_rewards([played], [_named(lambda **kw: [1.0, 2.0], "bonus")])
+    assert env_reward(["x", "y"], [1, 0.5]) == [1.0, 0.5] and all(type(r) is float for r in env_reward([], [True]))
+
+
+def _named(fn, name):
+    fn.__name__ = name
+    return fn

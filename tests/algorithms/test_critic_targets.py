@@ -79,3 +79,131 @@ def test_turn_rows_give_what_whole_history_rows_give(estimator, kw):
         assert torch.allclose(a_window, f[0, [0, 1, 4]], atol=1e-6), name
         assert torch.allclose(w[2], f[1, :2], atol=1e-6), name
         assert w[3].abs().sum() == 0 and w[1, 1] == 0  # padding and the reply's padding
+
+
+class RecordingCritic(FixedCritic):
+    """FixedCritic that also keeps what it was asked."""
+
+    def values(self, input_ids, attention_mask, logits_to_keep, batch_size):
+        self.asked = (input_ids, attention_mask, logits_to_keep, batch_size)
+        return super().values(input_ids, attention_mask, logits_to_keep, batch_size)
+
+
+# whole-history rows: A = reply (2 tokens), env, reply (1 token); B = one reply of 2 tokens; then a padding row
+ROWS = [row(4, [1, 3], turns=2), row(4, [1]), row(4, [1])]
+VALUES = [[0.5, 0.2, 9.0, 0.4], [0.1, 0.3, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]]
+MASK = torch.tensor([[1, 1, 0, 1], [1, 1, 0, 0], [0, 0, 0, 0]])
+# GAE with gamma = lam = 1 on the model tokens: A: rewards 1 (t=1) and 2 (t=3), values 0.5, 0.2, 0.4
+#   t=3: 2 - 0.4 = 1.6; t=1: 1 + 0.4 - 0.2 + 1.6 - 0.4 ... = return - value: returns 3, 3, -, 2 -> adv 2.5, 2.8, 0, 1.6
+#   B: reward 0.5 at t=1: returns 0.5, 0.5 -> adv 0.4, 0.2
+ADV = [[2.5, 2.8, 0.0, 1.6], [0.4, 0.2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_whole_history_rows_by_hand_padding_value_tokens_and_what_the_critic_is_asked():
+    ids, attention = torch.arange(12).view(3, 4), torch.ones(3, 4, dtype=torch.long)
+    critic = RecordingCritic(VALUES)
+    out = critic_targets(
+        critic, ROWS, [0, 1], TURN_REWARDS, ids, attention, 4, MASK, settings(per_device_train_batch_size=3)
+    )
+    assert critic.asked[0] is ids and critic.asked[1] is attention and critic.asked[2:] == (4, 3)
+    assert torch.allclose(out.advantages, torch.tensor(ADV), atol=1e-6)
+    assert torch.allclose(
+        out.returns, torch.tensor([[3.0, 3.0, 0.0, 2.0], [0.5, 0.5, 0.0, 0.0], [0.0] * 4]), atol=1e-6
+    )
+    assert torch.equal(out.values, torch.tensor(VALUES) * MASK)  # values off the model tokens are 0
+    assert torch.equal(out.value_mask, MASK)  # value_loss_tokens "all": every model token
+    ends = critic_targets(
+        FixedCritic(VALUES),
+        ROWS,
+        [0, 1],
+        TURN_REWARDS,
+        ids,
+        attention,
+        4,
+        MASK,
+        settings(value_loss_tokens="turn_ends"),
+    )
+    assert ends.value_mask.tolist() == [[0, 1, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]]  # each turn's last model token
+
+
+def test_whitening_uses_the_whole_batchs_statistics():
+    """The 6 model-token advantages 2.5, 2.8, 1.6, 0.4, 0.2 (A, B) whitened over all of them; split across two
+    processes (A's row here, B's there), each process whitens with the sum of both processes' statistics."""
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    flat = [2.5, 2.8, 1.6, 0.4, 0.2]
+    mean = sum(flat) / 5
+    std = (sum((x - mean) ** 2 for x in flat) / 4) ** 0.5
+    want = [
+        [(2.5 - mean) / std, (2.8 - mean) / std, 0.0, (1.6 - mean) / std],
+        [(0.4 - mean) / std, (0.2 - mean) / std, 0.0, 0.0],
+    ]
+    out = critic_targets(
+        FixedCritic(VALUES), ROWS, [0, 1], TURN_REWARDS, ids, ids, 4, MASK, settings(whiten_advantages=True)
+    )
+    assert torch.allclose(out.advantages[:2], torch.tensor(want), atol=1e-5) and torch.equal(
+        out.advantages[2], torch.zeros(4)
+    )
+    # process 0 holds A (and a padding row); process 1's statistics of B: count 2, sum 0.6, sum of squares 0.2
+    other = torch.tensor([2.0, 0.6, 0.2], dtype=torch.float64)
+    rows, values, mask = [ROWS[0], ROWS[2]], [VALUES[0], VALUES[2]], MASK[[0, 2]]
+    mine = critic_targets(
+        FixedCritic(values),
+        rows,
+        [0],
+        TURN_REWARDS[:1],
+        ids[:2],
+        ids[:2],
+        4,
+        mask,
+        settings(whiten_advantages=True),
+        lambda s: s + other,
+    )
+    assert torch.allclose(mine.advantages[0], torch.tensor(want[0]), atol=1e-5)
+    # without whitening the advantages stay as GAE gives them
+    assert torch.allclose(
+        critic_targets(FixedCritic(VALUES), ROWS, [0, 1], TURN_REWARDS, ids, ids, 4, MASK, settings()).advantages,
+        torch.tensor(ADV),
+        atol=1e-6,
+    )
+
+
+def test_estimators_by_name_pass_every_discount_in_its_place():
+    from starpo_trl.algorithms import bilevel_gae
+    from starpo_trl.algorithms.estimators import get_estimator
+
+    values, mask = torch.tensor([[0.3, 0.4, 9.0, 0.1, 0.2]]), torch.tensor([[1, 1, 0, 1, 1]])
+    s = settings(gamma=0.5, lam=0.8, turn_gamma=0.9, turn_lambda=0.6)
+    for name, turn_only in (("bilevel_gae", False), ("turn_gae", True)):
+        got = get_estimator(name).fn([[1.0, 2.0]], [[1, 4]], values, mask, s)
+        want = bilevel_gae([[1.0, 2.0]], [[1, 4]], values, mask, 0.5, 0.8, 0.9, 0.6, turn_level_only=turn_only)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), name
+        assert got[0].device == values.device
+    with pytest.raises(ValueError, match=r"advantage_estimator must be one of \[.*'bilevel_gae'.*\], got 'nope'"):
+        get_estimator("nope")
+
+
+def test_a_registered_estimator_is_found_by_name_and_a_group_one_unless_told():
+    from starpo_trl.algorithms.estimators import (
+        ESTIMATORS,
+        critic_estimators,
+        get_estimator,
+        register_advantage_estimator,
+    )
+
+    try:
+
+        @register_advantage_estimator("test_group")
+        def group(rewards, group_size, scale):
+            return rewards
+
+        @register_advantage_estimator("test_critic", critic=True)
+        def with_critic(turn_rewards, turn_ends, values, mask, settings):
+            return values, values
+
+        assert get_estimator("test_group").name == "test_group" and get_estimator("test_group").fn is group
+        assert get_estimator("test_group").critic is False and get_estimator("test_critic").critic is True
+        assert "test_critic" in critic_estimators() and "test_group" not in critic_estimators()
+        assert {"bilevel_gae", "gae", "turn_gae"} <= set(critic_estimators())
+    finally:
+        ESTIMATORS.pop("test_group", None)
+        ESTIMATORS.pop("test_critic", None)

@@ -166,3 +166,55 @@ def test_per_env_quota_and_global_ranking_by_hand():
         rollout_filter_include_zero=False,
     )
     assert filter_groups(REWARDS, 3, top_p, group_env=envs).tolist() == [1, 2]
+
+
+def test_ties_keep_the_earlier_group_among_many_groups():
+    """40 groups scoring 0, 1 or 2 (torch's default sort reorders ties from about 32 elements on): ties rank in
+    group order, for the strategies and for the per-env global ranking."""
+    scores = torch.tensor([float(i % 3) for i in range(40)])
+    twos, ones = [i for i in range(40) if i % 3 == 2], [i for i in range(40) if i % 3 == 1]
+    assert select_groups(scores, "top_k", 1.0).tolist()[: len(twos) + len(ones)] == twos + ones
+    assert select_groups(scores, "top_p", 1.0, include_zero=False).tolist() == twos + ones
+    rewards = torch.tensor([[0.0, float(i % 3)] for i in range(40)]).flatten()  # group std grows with i % 3
+    per_env = filter_settings(rollout_filter_ratio=1.0, rollout_filter_scope="per_env")
+    kept = filter_groups(rewards, 2, per_env, num_processes=3, group_env=[i % 2 for i in range(40)])
+    # 40 groups of 2 rows = 80 rows: one group dropped to divide by 3, the lowest-ranked: zero-std groups rank
+    # env by env (env 0's 0, 6, ..., 36, then env 1's 3, 9, ..., 39), so the last of env 1's, 39
+    assert kept.tolist() == sorted(set(range(40)) - {39})
+
+
+def test_defaults_and_boundaries_by_hand():
+    # defaults: std, top_k, keep 0.25
+    assert torch.equal(group_scores(REWARDS, 3), group_scores(REWARDS, 3, "std"))
+    assert select_groups(group_scores(REWARDS, 3)).tolist() == [2]
+    # top_p linear: a threshold of exactly 0 (0.5 * 0.02 - 0.01) keeps nothing
+    assert select_groups(torch.tensor([0.02], dtype=torch.float64), "top_p", 0.5).tolist() == []
+    # a cumulative score that reaches the threshold exactly (2 of 2 + 2, threshold 0.5 * 4 - 0) stops there
+    assert select_groups(torch.tensor([2.0, 2.0], dtype=torch.float64), "top_p", 0.5, eps=0.0).tolist() == [0]
+    # softmax: two equal scores, mass 0.5 after the first: 0.5 is reached
+    assert select_groups(torch.tensor([1.0, 1.0]), "top_p", 0.5, top_p_mode="softmax").tolist() == [0]
+    # min_p smallest keeps scores up to and including min / value (1 / 0.5 = 2)
+    assert select_groups(torch.tensor([1.0, 2.0, 3.0]), "min_p", 0.5, largest=False).tolist() == [0, 1]
+    # no candidate at all (every group scored 0, zero groups dropped): nothing kept, for every strategy
+    for strategy in ("top_p", "min_p"):
+        assert select_groups(torch.zeros(3), strategy, 0.5, include_zero=False).tolist() == []
+
+
+def test_filter_errors_say_what_to_change():
+    with pytest.raises(
+        ValueError, match=r"min_p compares shares of the scores, which must be non-negative \(got -1\): use a metric"
+    ):
+        select_groups(torch.tensor([-1.0, 2.0]), "min_p", 0.5)
+    with pytest.raises(
+        ValueError,
+        match=r"^top_p linear compares shares.*\(std, reward_variance, entropy, length\) or the top_k / softmax top_p strategies\.$",
+    ):
+        select_groups(torch.tensor([-1.0, 2.0]), "top_p", 0.5)
+    with pytest.raises(
+        ValueError, match=r"^top_p linear keeps a share of the score mass from the top: use largest, or softmax mode$"
+    ):
+        select_groups(torch.tensor([1.0, 2.0]), "top_p", 0.5, largest=False)
+    with pytest.raises(
+        ValueError, match=r"rollout_filter_top_p_mode must be one of \('linear', 'softmax'\), got 'cubic'"
+    ):
+        select_groups(torch.tensor([1.0, 2.0]), "top_p", 0.5, top_p_mode="cubic")

@@ -172,3 +172,14 @@ def test_a_skipped_zero_advantage_step_is_bit_identical_on_two_processes(tmp_pat
         assert first["weights"] != second["weights"] and first["optimizer"] != second["optimizer"]
         assert second == third
     assert ranks[0]["steps"] == ranks[1]["steps"]
+
+
+def test_a_new_counter_skips_nothing_and_an_old_checkpoint_without_counts_restores_zeros(tmp_path):
+    steps = EmptySteps(make_args(tmp_path), lambda: [])
+    assert steps.skip is False and steps.zero_advantage is False
+    assert steps.state_dict() == {"empty_steps_in_a_row": 0, "filtered_out_in_a_row": 0}
+    assert type(steps.empty_in_a_row) is int and type(steps.filtered_out_in_a_row) is int
+    steps.load_state_dict({"empty_steps_in_a_row": 2, "filtered_out_in_a_row": 3})
+    assert (steps.empty_in_a_row, steps.filtered_out_in_a_row) == (2, 3)
+    steps.load_state_dict({})  # a checkpoint written before these counts existed
+    assert steps.state_dict() == {"empty_steps_in_a_row": 0, "filtered_out_in_a_row": 0}

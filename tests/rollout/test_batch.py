@@ -68,3 +68,32 @@ def test_filter_values_by_hand():
     entropies, lengths = episode_filter_values([a, b], "entropy")
     assert entropies[0] == 2.0 and math.isnan(entropies[1]) and lengths is None
     assert episode_filter_values([a, b], "std") == (None, None)
+
+
+def test_a_pad_id_other_than_zero_and_an_episode_without_completion_beside_one_with():
+    """The prompt and completion ids pad with the tokenizer's pad id (7 here), the masks with 0, and an episode
+    that failed before the model wrote anything (no completion token) keeps every tensor's integer dtype."""
+    failed, played = Episode(S, [11, 12]), Episode(S, [13], [21, 22], [1, 0], [-0.5, 0.0])
+    t = episodes_to_tensors([failed, played], pad_token_id=7, device="cpu")
+    assert t["prompt_ids"].tolist() == [[11, 12], [7, 13]] and t["prompt_mask"].tolist() == [[1, 1], [0, 1]]
+    assert t["completion_ids"].tolist() == [[7, 7], [21, 22]] and t["completion_ids"].dtype == torch.long
+    assert t["completion_mask"].tolist() == [[0, 0], [1, 1]] and t["tool_mask"].tolist() == [[0, 0], [1, 0]]
+    assert t["tool_mask"].dtype == torch.long and t["sampling_per_token_logps"].tolist() == [[0.0, 0.0], [-0.5, 0.0]]
+    assert t["sampling_per_token_logps"].dtype == torch.float32
+
+
+def test_turn_rows_keep_their_episodes_start_and_env_error():
+    ep = Episode(
+        StartState("starpo/FrozenLake-v0", 5),
+        [1],
+        [30, 80, 31],
+        [1, 0, 1],
+        [-1.0, 0.0, -2.0],
+        turn_rewards=[0.0, 1.0],
+        turn_end_positions=[0, 2],
+        reply_starts=[0, 2],
+        turn_prompts=[[1], [1, 30, 80]],
+        env_error="step: boom",
+    )
+    rows, _ = episode_rows([ep])
+    assert all(r.start == ep.start and r.env_error == "step: boom" for r in rows)
