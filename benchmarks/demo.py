@@ -1,7 +1,8 @@
 """The CPU demo (`make train`): held-out success before and after StarPO-S, stored with its provenance.
 
     python benchmarks/demo.py                # make train: seed 0 into runs/demo/, section "demo"
-    python benchmarks/demo.py --seeds 0 1 2  # the demo on three seeds, section "demo_seeds"
+    python benchmarks/demo.py --seeds 1 2    # the same on more seeds, section "demo_seeds" (README: with seed 0)
+    python benchmarks/demo.py --note "make test ran beside it"   # what the numbers alone do not say
 
 Each recipe (Bandit, then FrozenLake) runs `train.py --config RECIPE --seed S` in a child process;
 its report gives success on the recipe's held-out episodes after the warm start and after RL.
@@ -62,7 +63,9 @@ def run(recipe: str, seed: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     args = p.parse_args(argv)
+    note = {"note": args.note} if args.note else {}
     from report import store
 
     start = time.time()
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         for recipe in RECIPES:
             env_id = yaml.safe_load((ROOT / recipe).read_text())["env_id"]
             section[env_id] = {"recipe": recipe, **run(recipe, 0)}
-        store("demo", section, seeds=[0], wall_seconds=time.time() - start)
+        store("demo", {**section, **note}, seeds=[0], wall_seconds=time.time() - start)
         return section
     section = {}
     for recipe in RECIPES:
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
             "min_gain": min(gains),
             "max_gain": max(gains),
         }
-    store("demo_seeds", section, seeds=args.seeds, wall_seconds=time.time() - start)
+    store("demo_seeds", {**section, **note}, seeds=args.seeds, wall_seconds=time.time() - start)
     return section
 
 

@@ -687,22 +687,30 @@ def demo_table(results: dict) -> list[str]:
             f"| `{env_id}` | {x['episodes']} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
             f"{100 * x['gain']:+.1f} points / {x['gain_in_standard_errors']:+.1f} | {x['rl_steps']} |"
         )
+    if r.get("note"):
+        lines += ["", f"({r['note']}.)"]
     if "demo_seeds" in results:
         s = results["demo_seeds"]
+        seeds = [0, *s["seeds"]]
         lines += [
             "",
-            f"Seeds {', '.join(map(str, s['seeds']))} ({stamp(s)}):",
+            f"Seed 0 and seeds {', '.join(map(str, s['seeds']))} ({stamp(s)}"
+            + (f"; {s['note']}" if s.get("note") else "")
+            + "):",
             "",
-            "| env | success after warm start, per seed | after StarPO-S, per seed | gain in points: mean (min, max) |",
-            "|---|---|---|---|",
+            "| env | success after warm start, seeds " + ", ".join(map(str, seeds)) + " | after StarPO-S | "
+            "gain in points: mean (min, max) | runs with a gain of at least 10 points and 3 standard errors |",
+            "|---|---|---|---|---|",
         ]
         for env_id in [k for k, v in s.items() if isinstance(v, dict) and "per_seed" in v]:
-            x = s[env_id]
-            before = ", ".join(f"{v['success_before']:.3f}" for v in x["per_seed"].values())
-            after = ", ".join(f"{v['success_after']:.3f}" for v in x["per_seed"].values())
+            runs = [r[env_id], *s[env_id]["per_seed"].values()]
+            gains = [x["gain"] for x in runs]
+            met = sum(x["gain"] >= 0.1 and (x["gain_in_standard_errors"] or 0) >= 3 for x in runs)
+            before = ", ".join(f"{x['success_before']:.3f}" for x in runs)
+            after = ", ".join(f"{x['success_after']:.3f}" for x in runs)
             lines.append(
-                f"| `{env_id}` | {before} | {after} | {100 * x['mean_gain']:+.1f} "
-                f"({100 * x['min_gain']:+.1f}, {100 * x['max_gain']:+.1f}) |"
+                f"| `{env_id}` | {before} | {after} | {100 * sum(gains) / len(gains):+.1f} "
+                f"({100 * min(gains):+.1f}, {100 * max(gains):+.1f}) | {met} of {len(runs)} |"
             )
     return lines
 

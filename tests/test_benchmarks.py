@@ -618,3 +618,33 @@ def test_ratios_show_the_median_and_the_spread_of_their_repeats():
     section = {"kv_reuse_speedup": 3.1, "kv_reuse_speedup_repeats": [3.4, 2.9, 3.1]}
     assert spread_text(section, "kv_reuse_speedup") == "3.10 (2.90-3.40, 3 repeats)"
     assert spread_text({"kv_reuse_speedup": 3.1}, "kv_reuse_speedup") == "3.10"  # measured before repeats were stored
+
+
+def test_demo_tables_by_hand():
+    import report
+
+    stamp = {"commit": "a" * 40, "dirty": False, "machine": "m", "measured_at": "t", "wall_seconds": 300.0}
+    run = lambda b, a, g, z: {  # noqa: E731
+        "success_before": b,
+        "success_after": a,
+        "episodes": 256,
+        "gain": g,
+        "gain_in_standard_errors": z,
+        "rl_steps": 60,
+    }
+    results = {
+        "demo": {"starpo/FrozenLake-v0": run(0.16, 0.41, 0.25, 6.5), **stamp, "note": "make test ran beside it"},
+        "demo_seeds": {
+            "starpo/FrozenLake-v0": {"per_seed": {"1": run(0.19, 0.37, 0.18, 4.8), "2": run(0.2, 0.28, 0.08, 1.9)}},
+            **stamp,
+            "seeds": [1, 2],
+        },
+    }
+    lines = report.demo_table(results)
+    assert "| `starpo/FrozenLake-v0` | 256 | 0.160 | 0.410 | +25.0 points / +6.5 | 60 |" in lines
+    assert "(make test ran beside it.)" in lines and any("wall time 5.0 min" in line for line in lines)
+    # three seeds: mean gain (25 + 18 + 8) / 3 = 17.0; two of three meet 10 points and 3 standard errors
+    assert (
+        "| `starpo/FrozenLake-v0` | 0.160, 0.190, 0.200 | 0.410, 0.370, 0.280 | +17.0 (+8.0, +25.0) | 2 of 3 |"
+        in lines
+    )

@@ -255,7 +255,10 @@ def test_sokoban_thought_by_hand():
     [
         ({"warm_start_think": "states"}, "must be 'action' or 'state'"),
         ({"warm_start_think": "state"}, "BanditEnv has no expert_thought"),
-        ({"warm_start_think": "state", "env_id": "starpo/FrozenLake-v0", "enable_think": False}, "enable_think=true"),
+        (
+            {"warm_start_think": "state", "env_id": "starpo/FrozenLake-v0", "env_kwargs": {}, "enable_think": False},
+            "enable_think=true",
+        ),
     ],
 )
 def test_a_state_think_the_env_cannot_give_fails_before_the_model_loads(tmp_path, monkeypatch, extra, message):
