@@ -47,8 +47,27 @@ DROPPED = [
     (r"^padding_value=0(\.0)?,$", "trl's `pad` pads with 0 by default"),
     (r'^padding_side="right",$', "trl's `pad` pads on the right by default"),
 ]
-# single mutants, by name: why each is equivalent (read with `mutmut show NAME`)
-EQUIVALENT: dict[str, str] = {}
+# single mutants, by name (mutmut numbers a function's mutants anew when the function changes: re-read these then)
+_NAN_STD = (
+    "the group std is NaN only when fewer than two rewards are valid, and such a group is constant: its scale is inf"
+)
+EQUIVALENT: dict[str, str] = {
+    "starpo_trl.algorithms.advantages.x_bilevel_gae__mutmut_28": "every turn's advantage is written before it is read",
+    "starpo_trl.algorithms.advantages.x_bilevel_gae__mutmut_63": "a turn's last token takes G - V; next_a is read first at the token before",
+    "starpo_trl.algorithms.advantages.x_place_rewards__mutmut_14": "turn ends strictly increase: no two turns add to one position",
+    "starpo_trl.algorithms.advantages.x_place_rewards__mutmut_16": "the tensor starts at 0: adding to it is setting it",
+    "starpo_trl.algorithms.advantages.x_grpo_advantages__mutmut_55": "the std is NaN only for a group with fewer than two valid rewards, whose centred rewards are 0 (or NaN, set to 0 after)",
+    "starpo_trl.algorithms.advantages.x_reward_normalization_terms__mutmut_53": "the mean is NaN only for an all-failed group, which is constant: scale inf, its rewards NaN either way",
+    "starpo_trl.algorithms.advantages.x_reward_normalization_terms__mutmut_61": "a group of one is constant: its scale is inf either way",
+    "starpo_trl.algorithms.advantages.x_reward_normalization_terms__mutmut_78": _NAN_STD,
+    "starpo_trl.algorithms.critic_targets.x_critic_targets__mutmut_19": "padding rows hold no model token: the estimator masks any reward placed there",
+    "starpo_trl.algorithms.critic_targets.x_gather_turn_rows__mutmut_5": "the width only pads a batch whose episodes hold no reply; scatter reads back the same zeros",
+    "starpo_trl.algorithms.filters.x_select_groups__mutmut_86": "the softmax mass would have to equal value - 1e-12 exactly",
+    "starpo_trl.algorithms.scoring.x_filter_groups__mutmut_51": "one env whatever its index: the per-env path needs two",
+    "starpo_trl.algorithms.scoring.x_filter_groups__mutmut_56": "with one env the per-env path keeps the same groups in the same rank order as the global one",
+    "starpo_trl.algorithms.stats.x_between_group_share__mutmut_48": "total 0 means between = 0: 0 / 0 in torch is NaN too",
+    "starpo_trl.algorithms.stats.x_nanstd__mutmut_45": "with one value the variance is 0 / 0: NaN either way",
+}
 
 
 def config() -> dict:
@@ -80,9 +99,52 @@ def diff(name: str) -> tuple[str, str]:
     return (minus[0] if minus else ""), (plus[0] if plus else "")
 
 
+# (original text, mutated text, why): a mutant whose line is the original line with one such swap
+SWAPS = [
+    ("nan=0.0", "nan=None", "`torch.nan_to_num`'s default `nan` is 0.0"),
+    (", nan=0.0)", ", )", "`torch.nan_to_num`'s default `nan` is 0.0"),
+    (", padding_value=0, padding_side", ", padding_side", "trl's `pad` pads with 0 by default"),
+    (", padding_value=0.0, padding_side", ", padding_side", "trl's `pad` pads with 0 by default"),
+    (', padding_side="right")', ", )", "trl's `pad` pads on the right by default"),
+    (
+        "torch.tensor(ep.logprobs, dtype=torch.float32)",
+        "torch.tensor(ep.logprobs, dtype=None)",
+        "a list of Python floats, or an empty one, makes float32",
+    ),
+    (
+        "torch.tensor(ep.logprobs, dtype=torch.float32)",
+        "torch.tensor(ep.logprobs, )",
+        "a list of Python floats, or an empty one, makes float32",
+    ),
+    (
+        "torch.tensor(entropies, dtype=torch.float32)",
+        "torch.tensor(entropies, dtype=None)",
+        "entropies are Python floats: float32; group_scores casts anyway",
+    ),
+    (
+        "torch.tensor(entropies, dtype=torch.float32)",
+        "torch.tensor(entropies, )",
+        "entropies are Python floats: float32; group_scores casts anyway",
+    ),
+    (
+        "torch.tensor(lengths, dtype=torch.float32)",
+        "torch.tensor(lengths, dtype=None)",
+        "group_scores casts the lengths to float",
+    ),
+    (
+        "torch.tensor(lengths, dtype=torch.float32)",
+        "torch.tensor(lengths, )",
+        "group_scores casts the lengths to float",
+    ),
+]
+
+
 def why_equivalent(name: str, before: str, after: str) -> str | None:
     if name in EQUIVALENT:
         return EQUIVALENT[name]
+    for original, mutated, reason in SWAPS:
+        if original in before and before.replace(original, mutated, 1) == after:
+            return reason
     if after in ("", ")"):
         for original, reason in DROPPED:
             if re.search(original, before):

@@ -17,7 +17,7 @@ from starpo_trl.algorithms import (
     rloo_advantages,
     whiten,
 )
-from starpo_trl.algorithms.advantages import batch_mean_advantages
+from starpo_trl.algorithms.advantages import batch_mean_advantages, turn_end_mask
 from starpo_trl.algorithms.scoring import filter_groups
 
 
@@ -564,3 +564,80 @@ def test_reward_functions_add_to_the_last_turn_of_played_episodes():
 def _named(fn, name):
     fn.__name__ = name
     return fn
+
+
+def test_defaults_turn_ends_at_the_edges_and_a_constant_group_with_a_failed_episode():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 3.0, 1.0, 2.0])
+    assert torch.equal(grpo_advantages(rewards, 3), grpo_advantages(rewards, 3, "group"))  # scale defaults to group
+    assert torch.equal(batch_mean_advantages(rewards), batch_mean_advantages(rewards, "batch"))
+    # a turn ending at the first completion token counts; a position past the row is ignored
+    mask = torch.tensor([[1, 1, 1]])
+    assert turn_end_mask([[0, 2, 3]], mask).tolist() == [[1, 0, 1]]
+    # 16 equal rewards and a failed episode: its float32 mean differs from the value in the last bit, yet the
+    # group is constant and its advantages are exact zeros (the failed one too)
+    same = torch.full((17,), 2.4146361351013184)
+    same[5] = float("nan")
+    assert torch.equal(grpo_advantages(same, 17, "none"), torch.zeros(17))
+
+
+def test_reward_functions_add_to_the_last_of_three_turns_and_average_over_episodes():
+    from starpo_trl.algorithms.scoring import add_function_rewards
+    from starpo_trl.rollout.engine import Episode, StartState
+
+    eps = [
+        Episode(
+            StartState("starpo/Bandit-v0", s),
+            [1],
+            turn_rewards=[0.0, 0.0, 1.0],
+            messages=[{"role": "user", "content": "x"}],
+        )
+        for s in range(2)
+    ]
+    assert add_function_rewards(eps, [_named(lambda **kw: [1.0, 3.0], "f")]) == {"f": 2.0}
+    assert [ep.turn_rewards for ep in eps] == [[0.0, 0.0, 2.0], [0.0, 0.0, 4.0]]
+
+
+def test_scoring_with_batch_scope_a_larger_eps_odd_row_counts_and_integer_rewards():
+    from starpo_trl.algorithms.scoring import critic_turn_rewards, filter_groups, score_rollout
+
+    base = dict(env_error_policy="exclude", env_failure_reward=0.0, use_turn_rewards=True, advantage_estimator="grpo")
+    args = filter_settings(**base, rollout_filter_ratio=1.0, reward_normalization="mean", reward_norm_scope="batch")
+    # batch scope: the kept batch's mean (1.5) comes off, not each group's
+    scored = score_rollout([1.0, 0.0, 3.0, 2.0], torch.zeros(4, dtype=torch.bool), 2, args)
+    assert scored.kept_rewards.tolist() == [-0.5, -1.5, 1.5, 0.5]
+    raw = torch.tensor([1.0, 0.0, 3.0, 2.0])
+    assert critic_turn_rewards([[0.5, 0.5], [0.0]], raw, scored.kept_rewards, slice(0, 2), 2, args) == [
+        [0.5, -1.0],
+        [-1.5],
+    ]
+    # three groups of one episode: three rows, kept whole on one process (the default)
+    one = filter_settings(**base, rollout_filter_ratio=1.0, reward_normalization="identity", reward_norm_scope="group")
+    assert score_rollout([1.0, 0.0, 2.0], torch.zeros(3, dtype=torch.bool), 1, one).keep.tolist() == [0, 1, 2]
+    # rewards given as integers are still floats here (a failed one becomes NaN)
+    scored = score_rollout([1, 0, 1, 1], torch.tensor([False, False, False, True]), 2, one)
+    assert scored.rewards.dtype == torch.float32 and math.isnan(scored.rewards[3])
+    # eps: top_p 0.9 linear over variances 4/3 and 1/3 (sum 5/3): threshold 1.5 - eps; eps 0.01 (1.49) needs both
+    # groups (4/3 = 1.33 < 1.49), eps 0.3 (1.2) the first alone
+    top_p = dict(rollout_filter_strategy="top_p", rollout_filter_ratio=0.9, rollout_filter_metric="reward_variance")
+    r = torch.tensor([0.0, 2.0, 0.0, 2.0, 1.0, 2.0, 1.0, 2.0])  # group 0: var 4/3, group 1: var 1/3
+    assert filter_groups(r, 4, filter_settings(**top_p, rollout_filter_eps=0.01)).tolist() == [0, 1]
+    assert filter_groups(r, 4, filter_settings(**top_p, rollout_filter_eps=0.3)).tolist() == [0]
+
+
+def test_per_env_ranking_puts_failed_groups_last_and_follows_smallest():
+    from starpo_trl.algorithms.scoring import filter_groups
+
+    nan = float("nan")
+    # env 0: group 0 std 0.707, group 1 all failed (NaN); env 1: group 2 std 0, group 3 std 1.414
+    r = torch.tensor([0.0, 1.0, nan, nan, 1.0, 1.0, 0.0, 2.0])
+    per_env = filter_settings(rollout_filter_ratio=1.0, rollout_filter_scope="per_env")
+    # 4 groups of 2 rows on 3 processes: 8 rows -> 6; the lowest-ranked goes: the failed group, after the zero one
+    assert filter_groups(r, 2, per_env, num_processes=3, group_env=[0, 0, 1, 1]).tolist() == [0, 2, 3]
+    r = torch.tensor([0.0, 1.0, 0.0, 3.0, 1.0, 1.0, 0.0, 2.0])  # stds 0.707, 2.12 | 0, 1.414
+    smallest = filter_settings(
+        rollout_filter_ratio=0.5, rollout_filter_scope="per_env", rollout_filter_type="smallest"
+    )
+    assert filter_groups(r, 2, smallest, group_env=[0, 0, 1, 1]).tolist() == [0, 2]  # the smaller std of each env
+    # all four kept, 8 rows on 3 processes: the lowest-ranked under "smallest", the largest std (group 1), goes
+    smallest.rollout_filter_ratio = 1.0
+    assert filter_groups(r, 2, smallest, num_processes=3, group_env=[0, 0, 1, 1]).tolist() == [0, 2, 3]

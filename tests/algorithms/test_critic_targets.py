@@ -207,3 +207,27 @@ def test_a_registered_estimator_is_found_by_name_and_a_group_one_unless_told():
     finally:
         ESTIMATORS.pop("test_group", None)
         ESTIMATORS.pop("test_critic", None)
+
+
+def test_fit_critic_passes_the_real_rows_the_targets_and_a_per_step_order():
+    """fit_critic hands the critic the first num_rows rows (the rest is padding) with this step's targets, the
+    configured epochs, micro-batches and grad clip, a generator seeded by seed and step, and names the stats."""
+    from starpo_trl.algorithms.critic_targets import CriticTargets, fit_critic
+
+    class Recorder:
+        def fit(self, *args, reduce=None):
+            self.args, self.reduce = args, reduce
+            return [{"value_loss": 0.5}, {"value_loss": 0.25}]
+
+    ids, attention = torch.arange(12).view(3, 4), torch.ones(3, 4, dtype=torch.long)
+    targets = CriticTargets(torch.zeros(3, 4), torch.full((3, 4), 1.0), torch.full((3, 4), 2.0), MASK)
+    args = SimpleNamespace(critic_epochs=4, steps_per_generation=2, seed=3, max_grad_norm=0.7)
+    critic, reduce = Recorder(), object()
+    stats = fit_critic(critic, (ids, attention, 4), targets, 2, args, step=5, reduce=reduce)
+    assert stats == [{"critic/value_loss": 0.5}, {"critic/value_loss": 0.25}] and critic.reduce is reduce
+    got_ids, got_attention, keep, values, returns, value_mask, epochs, micro, generator, clip = critic.args
+    assert torch.equal(got_ids, ids[:2]) and torch.equal(got_attention, attention[:2]) and keep == 4
+    assert torch.equal(values, targets.values[:2]) and torch.equal(returns, targets.returns[:2])
+    assert torch.equal(value_mask, MASK[:2]) and (epochs, micro, clip) == (4, 2, 0.7)
+    want = torch.Generator().manual_seed(3 * 1_000_003 + 5)
+    assert torch.equal(torch.randperm(10, generator=generator), torch.randperm(10, generator=want))

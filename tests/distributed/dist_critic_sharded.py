@@ -158,6 +158,7 @@ def main(out):
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
+    dist.destroy_process_group()  # gloo's threads left alive at exit can abort the process
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def main(out):
         }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
+    # gloo's worker threads left alive at interpreter exit can abort the process (as train.py's cli says)
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

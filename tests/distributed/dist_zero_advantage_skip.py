@@ -86,6 +86,7 @@ def main(out):
     rank = trainer.accelerator.process_index
     summary = {"num_processes": trainer.accelerator.num_processes, "steps": digests.steps, "zero_advantage": logged}
     (pathlib.Path(out) / f"rank-{rank}.json").write_text(json.dumps(summary))
+    torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
 
 
 if __name__ == "__main__":

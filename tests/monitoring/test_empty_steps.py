@@ -183,3 +183,15 @@ def test_a_new_counter_skips_nothing_and_an_old_checkpoint_without_counts_restor
     assert (steps.empty_in_a_row, steps.filtered_out_in_a_row) == (2, 3)
     steps.load_state_dict({})  # a checkpoint written before these counts existed
     assert steps.state_dict() == {"empty_steps_in_a_row": 0, "filtered_out_in_a_row": 0}
+
+
+def test_the_filter_stop_message_says_what_to_change(tmp_path):
+    steps = EmptySteps(make_args(tmp_path, rollout_filter_empty_stop_steps=1), lambda: [])
+    with pytest.raises(RuntimeError) as err:
+        steps.update(True, True)
+    assert str(err.value) == (
+        "The rollout filter kept no group 1 steps in a row (rollout_filter_strategy='top_k', metric='std', "
+        "include_zero=True): every group's score was zero or below the threshold, so the policy gets no signal "
+        "(collapsed, or the task is too hard or too easy). Set rollout_filter_include_zero=True, lower "
+        "rollout_filter_eps, use top_k, or raise rollout_filter_empty_stop_steps."
+    )

@@ -177,6 +177,17 @@ def test_ema_normalizer():
     assert ema(4.0) == pytest.approx(2.0)  # (4 - 2) / 1
 
 
+def test_ema_normalizer_default_weight_by_hand_and_a_flat_series():
+    ema = EMANormalizer()  # weight 0.1
+    assert math.isnan(ema(1.0))  # mean 1
+    assert math.isnan(ema(2.0))  # delta 1: mean 1.1, var 0.9 * (0 + 0.1 * 1) = 0.09
+    assert ema(4.0) == pytest.approx((4 - 1.1) / 0.3)  # then delta 2.9: mean 1.39, var 0.9 * (0.09 + 0.841) = 0.8379
+    assert ema(1.39) == pytest.approx(0.0, abs=1e-9)
+    assert ema(2.39) == pytest.approx(1 / (0.9 * 0.8379) ** 0.5)  # delta 0 kept the mean; var 0.9 * 0.8379
+    flat = EMANormalizer()
+    assert all(math.isnan(flat(2.0)) for _ in range(4))  # no spread: no z-score, not a division by zero
+
+
 @pytest.mark.trains
 def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tokenizer, fresh_model):
     from conftest import ScriptedBackend
