@@ -48,6 +48,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+import report as _report  # noqa: E402,F401  (records the code's commit as the run starts)
+
 OUT = ROOT / "runs" / "bench-collapse"
 STEPS = 120
 RUNS = {

@@ -29,6 +29,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import report  # noqa: E402  (records the code's commit as the run starts)
+
 RECIPES = ("recipes/demo-cpu-bandit.yaml", "recipes/demo-cpu-frozenlake.yaml")
 
 
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     args = p.parse_args(argv)
     note = {"note": args.note} if args.note else {}
-    from report import store
+    store = report.store
 
     start = time.time()
     if args.seeds == [0]:

@@ -55,6 +55,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+import report  # noqa: E402,F401  (records the code's commit as the run starts)
+
 ENVS = [
     "starpo/Bandit-v0",
     "starpo/BanditTest-v0",
@@ -73,7 +75,6 @@ def _store(section: dict, seeds, wall_seconds: float | None = None) -> None:
     """The ``real_model`` section back into results.json. The section gathers measurements made at
     different times: ``report.store`` stamps the section with the latest one's provenance, and each
     entry (a baseline env, a run, the speed and decode rows) carries its own under ``provenance``."""
-    import report
 
     report.store("real_model", {**section, "model": MODEL}, seeds=seeds, wall_seconds=wall_seconds)
 
@@ -81,7 +82,6 @@ def _store(section: dict, seeds, wall_seconds: float | None = None) -> None:
 def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64) -> dict:
     """``batch_size`` episodes per engine call: the untouched model's replies run to the token limit
     every turn, and 256 five-turn episodes in one call hold a KV cache of about 12 GB."""
-    import report
 
     import evaluate
     from starpo_trl.offline_model import build
@@ -131,7 +131,6 @@ def record(
     per recipe and flags). With several eval envs (``eval_env_configs``) each one's before/after
     goes to ``eval_envs``; ``success_before/after`` are then the recipe's ``eval_env_id``'s.
     ``note``: what the numbers alone do not say (e.g. another job shared the CPU), printed under the table."""
-    import report
 
     import train
     from envs.contract import env_name
@@ -237,7 +236,6 @@ def reads_payouts(recipe: str, flags: list[str]) -> bool:
 
 
 def speed_rows(repeats: int = 3) -> dict:
-    import report
     import speed
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -286,7 +284,6 @@ class ConcatenatingLayer(DynamicLayer):
 
 
 def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: int = 2) -> dict:
-    import report
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

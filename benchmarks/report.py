@@ -42,21 +42,31 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
-def provenance(seeds, wall_seconds: float | None = None, command: str | None = None) -> dict:
-    """Where a measurement came from: the commit (and whether the tracked code differed from it), the
-    command line, the seeds, the machine, the time, and the wall time of the measuring process so far
-    (``wall_seconds``, or the time since this process started). ``command``: what to run again (default:
-    this process's command line)."""
+def _code_state() -> tuple[str, bool]:
+    """The commit checked out and whether tracked code differs from it (files the scripts write aside)."""
     changed = [
         line[3:]
         for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
         if line[3:] not in WRITTEN and not line[3:].endswith(".png")
     ]
+    return _git("rev-parse", "HEAD").strip(), bool(changed)
+
+
+# the code a measurement runs on is the code when its script started, not when it stores (edits and commits
+# made while a long run goes on are not what it measured)
+STARTED = _code_state()
+
+
+def provenance(seeds, wall_seconds: float | None = None, command: str | None = None) -> dict:
+    """Where a measurement came from: the commit when this module was first imported (``STARTED``; a script
+    imports it as it starts) and whether tracked code differed from it, the command line, the seeds, the
+    machine, the time, and the wall time of the measuring process so far (``wall_seconds``, or the time
+    since this process started). ``command``: what to run again (default: this process's command line)."""
     if wall_seconds is None:
         wall_seconds = time.time() - psutil.Process().create_time()
     return {
-        "commit": _git("rev-parse", "HEAD").strip(),
-        "dirty": bool(changed),
+        "commit": STARTED[0],
+        "dirty": STARTED[1],
         "command": command or " ".join(["python", *[_relative(a) for a in sys.argv]]),
         "seeds": list(seeds) if seeds is not None else None,
         "machine": machine(),

@@ -24,6 +24,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import report  # noqa: E402,F401  (records the code's commit as the run starts)
+
 OUT = ROOT / "runs" / "bench-whitening"
 ESTIMATORS = {"gae": [], "bilevel_gae": ["--advantage_estimator", "bilevel_gae", "--use_turn_rewards", "true"]}
 
@@ -46,7 +48,6 @@ def summarise(run_dir: pathlib.Path, wall: float) -> dict:
 
 
 def main() -> dict:
-    import report
 
     results = {"recipe": "recipes/demo-cpu-frozenlake-ppo.yaml", "runs": {}}
     for name, extra in ESTIMATORS.items():
