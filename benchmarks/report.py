@@ -136,6 +136,8 @@ def write(results: dict) -> None:
         "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand.",
         "",
     ]
+    if "demo" in results:
+        lines += ["## The CPU demo (`make train`: `python benchmarks/demo.py`)", "", *demo_table(results), ""]
     if "envs" in results:
         r = results["envs"]
         lines += [
@@ -664,12 +666,12 @@ README_RUNS = (
     (
         "recipes/smollm2-cpu-bandit-pairs-mirror.yaml",
         "--max_steps 60",
-        "Bandit, payouts stated, unseen names (BanditTest), format-only warm start",
+        "Bandit, payouts stated, unseen names (BanditTest: one pair), format-only warm start",
     ),
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",
-        "Bandit, payouts stated, unseen names (BanditTest), from the model as it is (no SFT)",
+        "Bandit, payouts stated, unseen names (BanditTest: one pair), from the model as it is (no SFT)",
     ),
 )
 

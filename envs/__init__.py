@@ -4,7 +4,10 @@
 
 ================================  ===============================================================
 ``starpo/Bandit-v0``         two named arms, one pull (``envs.bandit``)
-``starpo/BanditTest-v0``     the same with held-out arm names, for the generalisation check
+``starpo/BanditTest-v0``     the same with held-out arm names (Tiger / Crane), for the generalisation check
+``starpo/BanditHeldout-v0``  16 held-out name pairs (``HELDOUT_PAIRS``), pair ``seed % 16``
+``starpo/BanditPayouts-v0``  the 12 training pairs with payouts drawn per seed (the safe arm better in about half)
+``starpo/BanditPayoutsHeldout-v0``  the held-out pairs with payouts drawn per seed
 ``starpo/BanditSymbolic-v0``  the paper's form: names only (Phoenix / Dragon), reason from their meaning
 ``starpo/BanditSymbolicTest-v0``  the same with held-out name pairs
 ``starpo/Sokoban-v0``        6x6 room, one box (``envs.sokoban``)
@@ -27,11 +30,18 @@ Not a task, and so not in ``ENV_IDS``: ``starpo/Sleepy-v0`` (``envs.sleepy``), w
 
 from gymnasium.envs.registration import register, registry
 
+from envs.bandit import HELDOUT_PAIRS, PAYOUT_TRAIN_PAIRS
 from envs.base import TextEnv, noisy_expert_action
 
 ENV_IDS: dict[str, tuple[str, dict]] = {
     "starpo/Bandit-v0": ("envs.bandit:BanditEnv", {}),
     "starpo/BanditTest-v0": ("envs.bandit:BanditEnv", {"arm_names": ("Tiger", "Crane")}),
+    "starpo/BanditHeldout-v0": ("envs.bandit:BanditEnv", {"arm_names": HELDOUT_PAIRS, "pair_by_seed": True}),
+    "starpo/BanditPayouts-v0": ("envs.bandit:BanditEnv", {"arm_names": PAYOUT_TRAIN_PAIRS, "vary_payouts": True}),
+    "starpo/BanditPayoutsHeldout-v0": (
+        "envs.bandit:BanditEnv",
+        {"arm_names": HELDOUT_PAIRS, "pair_by_seed": True, "vary_payouts": True},
+    ),
     "starpo/BanditSymbolic-v0": ("envs.bandit:BanditEnv", {"arm_names": ("Phoenix", "Dragon"), "show_payouts": False}),
     "starpo/BanditSymbolicTest-v0": (
         "envs.bandit:BanditEnv",

@@ -10,6 +10,18 @@ learned behaviour is not tied to two words. ``arm_names`` may also be a list of 
 per seed, then the risky one of its two names), e.g. ``PAYOUT_TRAIN_PAIRS``: many pairs, none of
 them the test names, so that only the payouts tell the arms apart.
 
+Held out (``starpo/BanditHeldout-v0``): ``HELDOUT_PAIRS``, 16 pairs of the same kinds of names
+(animals, stones, stars, plants), none in any training pair; ``BanditTest-v0``'s Tiger / Crane is
+the first. With ``pair_by_seed=True`` the seed picks pair ``seed % len(arm_names)``, so any 16
+consecutive seeds show every pair once (the seed still draws which name is risky).
+
+Varied payouts (``vary_payouts=True``; ``starpo/BanditPayouts-v0`` on the training pairs,
+``starpo/BanditPayoutsHeldout-v0`` on the held-out ones): each seed draws the safe payout from
+0.1-0.6, the risky payout from 0.5-1.5 and its probability from 0.1-0.6 (two decimals, as shown),
+again until the two expected payouts differ by at least 0.1, so every prompt is decidable from its
+numbers and the safe arm is the better bet in about half of them (46% of 20,000 seeds). A policy
+must compare the numbers: picking the line that says "with probability" is right only half the time.
+
 The paper's form (``show_payouts=False``; ``starpo/BanditSymbolic-v0`` and
 ``starpo/BanditSymbolicTest-v0``): the observation gives only the two names, a low-risk-sounding
 and a high-risk-sounding one, and the agent must reason from their meaning. ``arm_names`` is then
@@ -53,11 +65,12 @@ was chosen, whatever the draw paid. Truncated after ``max_steps`` invalid action
 ## Arguments
 ``arm_names=("Dragon", "Phoenix")``, ``safe_reward=0.15``, ``risky_reward=1.0``,
 ``risky_prob=0.25``, ``max_steps=10``, ``show_payouts=True``, ``expected_reward=False``,
-``mirror_seeds=False``, ``render_mode=None | "ansi"``.
+``mirror_seeds=False``, ``pair_by_seed=False``, ``vary_payouts=False``, ``render_mode=None | "ansi"``.
 
 ## Version history
 v0: first version; ``show_payouts`` added (the paper's names-only form); several pairs with
-payouts shown; ``expected_reward``; ``mirror_seeds``.
+payouts shown; ``expected_reward``; ``mirror_seeds``; ``pair_by_seed`` and ``vary_payouts`` (the held-out
+pairs and the varied payouts).
 """
 
 from __future__ import annotations
@@ -83,6 +96,29 @@ PAYOUT_TRAIN_PAIRS = [
     ("Orion", "Vega"),
     ("Rose", "Lily"),
 ]
+# held out from every training pair above: 16 pairs of animals, stones, stars and plants (Tiger / Crane, BanditTest's
+# pair, among them); starpo/BanditHeldout-v0 shows pair ``seed % 16``, so any 16 consecutive seeds show each once
+HELDOUT_PAIRS = [
+    ("Tiger", "Crane"),
+    ("Otter", "Heron"),
+    ("Lynx", "Raven"),
+    ("Badger", "Swan"),
+    ("Bison", "Koala"),
+    ("Onyx", "Topaz"),
+    ("Opal", "Garnet"),
+    ("Quartz", "Agate"),
+    ("Sirius", "Rigel"),
+    ("Altair", "Deneb"),
+    ("Polaris", "Mira"),
+    ("Willow", "Birch"),
+    ("Aspen", "Hazel"),
+    ("Tulip", "Iris"),
+    ("Fern", "Ivy"),
+    ("Clover", "Poppy"),
+]
+# varied payouts (``vary_payouts``): the ranges each seed draws from, and the smallest gap between the two arms'
+# expected payouts (a prompt must be decidable from its numbers)
+SAFE_RANGE, RISKY_RANGE, PROB_RANGE, MIN_GAP = (0.1, 0.6), (0.5, 1.5), (0.1, 0.6), 0.1
 # the paper's form: (low-risk-sounding, high-risk-sounding) names; the high-risk one is the risky arm
 SYMBOLIC_TRAIN_ARMS = ("Phoenix", "Dragon")
 SYMBOLIC_TEST_ARMS = [("Turtle", "Shark"), ("Bank", "Casino"), ("Shield", "Sword"), ("Oak", "Storm")]
@@ -99,6 +135,8 @@ class BanditEnv(TextEnv):
         show_payouts: bool = True,
         expected_reward: bool = False,
         mirror_seeds: bool = False,
+        pair_by_seed: bool = False,
+        vary_payouts: bool = False,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode)
@@ -115,8 +153,12 @@ class BanditEnv(TextEnv):
                 "mirror_seeds needs show_payouts=True: without payouts the high-risk-sounding name is always the "
                 "risky arm, so there is no mirror to show."
             )
+        if vary_payouts and not show_payouts:
+            raise ValueError("vary_payouts needs show_payouts=True: the payouts are what the prompt must be read for.")
+        if pair_by_seed and (mirror_seeds or not show_payouts):
+            raise ValueError("pair_by_seed is for the held-out pairs with payouts shown, without mirror_seeds.")
         self.pairs, self.show_payouts, self.expected_reward = pairs, show_payouts, expected_reward
-        self.mirror_seeds = mirror_seeds
+        self.mirror_seeds, self.pair_by_seed, self.vary_payouts = mirror_seeds, pair_by_seed, vary_payouts
         self.safe_reward, self.risky_reward, self.risky_prob = safe_reward, risky_reward, risky_prob
         self.max_steps = max_steps
         self._set_names(list(pairs[0]))
@@ -142,9 +184,13 @@ class BanditEnv(TextEnv):
         if self.show_payouts:  # several pairs: the seed picks the pair, then which of its names is risky
             mirrored = self.mirror_seeds and seed is not None
             rng = np.random.default_rng(seed // 2) if mirrored else self.np_random  # 2k and 2k+1 draw alike
-            if len(self.pairs) > 1:
+            if self.pair_by_seed and seed is not None:
+                self._set_names(list(self.pairs[seed % len(self.pairs)]))
+            elif len(self.pairs) > 1:
                 self._set_names(list(self.pairs[int(rng.integers(len(self.pairs)))]))
             self.risky = int(rng.integers(2)) ^ (seed % 2 if mirrored else 0)
+            if self.vary_payouts:
+                self._draw_payouts(rng)
         else:  # the high-risk-sounding name is the risky arm; the seed picks the pair and the listing order
             low, high = self.pairs[int(self.np_random.integers(len(self.pairs)))]
             first_high = bool(self.np_random.integers(2))
@@ -153,6 +199,17 @@ class BanditEnv(TextEnv):
         self.pulled: int | None = None
         self.steps = 0
         return self.render_text(), step_info(False, True, False)
+
+    def _draw_payouts(self, rng) -> None:
+        """Payouts for this seed, rounded to what the prompt shows (two decimals): drawn again until the two
+        expected payouts differ by at least ``MIN_GAP``. The safe arm is the better bet in about half the seeds."""
+        while True:
+            safe = round(float(rng.uniform(*SAFE_RANGE)), 2)
+            risky = round(float(rng.uniform(*RISKY_RANGE)), 2)
+            prob = round(float(rng.uniform(*PROB_RANGE)), 2)
+            if abs(risky * prob - safe) >= MIN_GAP:
+                self.safe_reward, self.risky_reward, self.risky_prob = safe, risky, prob
+                return
 
     def _describe(self, arm: int) -> str:
         if arm == self.risky:
