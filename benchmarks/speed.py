@@ -1,6 +1,10 @@
 """Speed of the episode engine and of a training step, as ratios measured side by side in one run.
 
-    python benchmarks/speed.py      # stores the rows in benchmarks/results.json and BENCHMARKS.md
+    python benchmarks/speed.py         # stores the rows in benchmarks/results.json and BENCHMARKS.md
+    python benchmarks/speed.py engine  # only the "speed" section (not the MI pass below)
+
+Every ratio is the median of REPEATS (3) side-by-side repeats; each repeat's ratio is stored too
+(``<key>_repeats``) and BENCHMARKS.md shows the spread.
 
 - rollout_overhead_ratio: the engine playing 32 Sokoban episodes x 5 turns, divided by the bare
   ``model.generate`` calls on exactly the same token inputs (recorded, then replayed with the same
@@ -387,6 +391,7 @@ def main() -> None:
         torch.set_num_threads(2)
         store("mi_pass", mi_pass_rows(*mi_pass_model()), seeds=[0])
         return
+    engine_only = sys.argv[1:] == ["engine"]
 
     torch.set_num_threads(2)
     tok = build_tiny_tokenizer()
@@ -398,8 +403,9 @@ def main() -> None:
     rows["demo_peak_rss_mib"] = demo_peak_rss_mib()
     rows["model"] = f"tiny Qwen2 architecture, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
     print(json.dumps(rows, indent=2))
-    store("speed", rows, seeds=None)
-    store("mi_pass", mi_pass_rows(*mi_pass_model()), seeds=[0])
+    store("speed", rows, seeds=range(REPEATS))
+    if not engine_only:
+        store("mi_pass", mi_pass_rows(*mi_pass_model()), seeds=[0])
 
 
 if __name__ == "__main__":
