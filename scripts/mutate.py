@@ -67,6 +67,10 @@ EQUIVALENT: dict[str, str] = {
     "starpo_trl.algorithms.scoring.x_filter_groups__mutmut_56": "with one env the per-env path keeps the same groups in the same rank order as the global one",
     "starpo_trl.algorithms.stats.x_between_group_share__mutmut_48": "total 0 means between = 0: 0 / 0 in torch is NaN too",
     "starpo_trl.algorithms.stats.x_nanstd__mutmut_45": "with one value the variance is 0 / 0: NaN either way",
+    "starpo_trl.algorithms.critic_targets.x_fit_critic__mutmut_3": "slice(None, n) is slice(0, n)",
+    "starpo_trl.algorithms.critic_targets.x_fit_critic__mutmut_5": "slice(n) is slice(0, n)",
+    "starpo_trl.monitoring.mi_statistics.xǁEMANormalizerǁ__call____mutmut_32": "count is only compared with 0 and 2, and after one value the variance is 0 either way",
+    "starpo_trl.monitoring.mi_statistics.xǁEMANormalizerǁ__init____mutmut_3": "the first value overwrites the mean before it is read",
 }
 
 
@@ -101,11 +105,13 @@ def diff(name: str) -> tuple[str, str]:
 
 # (original text, mutated text, why): a mutant whose line is the original line with one such swap
 SWAPS = [
+    ("scale, eps)", "scale, )", "grpo_advantages' default eps is the same 1e-4"),
     ("nan=0.0", "nan=None", "`torch.nan_to_num`'s default `nan` is 0.0"),
     (", nan=0.0)", ", )", "`torch.nan_to_num`'s default `nan` is 0.0"),
     (", padding_value=0, padding_side", ", padding_side", "trl's `pad` pads with 0 by default"),
     (", padding_value=0.0, padding_side", ", padding_side", "trl's `pad` pads with 0 by default"),
     (', padding_side="right")', ", )", "trl's `pad` pads on the right by default"),
+    (', padding_side="right"', ", )", "trl's `pad` pads on the right by default"),
     (
         "torch.tensor(ep.logprobs, dtype=torch.float32)",
         "torch.tensor(ep.logprobs, dtype=None)",
@@ -143,7 +149,8 @@ def why_equivalent(name: str, before: str, after: str) -> str | None:
     if name in EQUIVALENT:
         return EQUIVALENT[name]
     for original, mutated, reason in SWAPS:
-        if original in before and before.replace(original, mutated, 1) == after:
+        starts = [i for i in range(len(before)) if before.startswith(original, i)]
+        if any(before[:i] + mutated + before[i + len(original) :] == after for i in starts):
             return reason
     if after in ("", ")"):
         for original, reason in DROPPED:
