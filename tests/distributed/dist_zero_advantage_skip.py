@@ -12,25 +12,17 @@ import sys
 import torch
 from transformers import TrainerCallback
 
-import envs  # noqa: F401  (registers starpo/Bandit-v0)
-from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
-from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the suite's helpers
+from conftest import ScriptedBackend  # noqa: E402  (registers the starpo/* envs too)
+from helpers import make_args  # noqa: E402
+
+from starpo_trl import MultiTurnStarPOTrainer  # noqa: E402
+from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
-class Scripted:
-    """The scripted backend of tests/conftest.py: replies by call and row; logprobs -1.0."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.calls = tokenizer, 0
-
-    def generate(self, sequences, max_new_tokens, temperature):
-        out = []
-        for i, _ in enumerate(sequences):
-            text = "no answer here" if self.calls < 2 and i % 2 else "<think>x</think><answer>Dragon</answer>"
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            out.append((ids[:max_new_tokens], [-1.0] * len(ids[:max_new_tokens])))
-        self.calls += 1
-        return out
+def reply(call: int, i: int) -> str:
+    """Two rollouts where every other episode writes no answer, then every episode names Dragon."""
+    return "no answer here" if call < 2 and i % 2 else "<think>x</think><answer>Dragon</answer>"
 
 
 def digest(tensors) -> str:
@@ -54,30 +46,24 @@ class Digests(TrainerCallback):
 def main(out):
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, seed=3, hidden_size=32, num_layers=1)
-    args = StarPOConfig(
-        output_dir=out,
-        env_id="starpo/Bandit-v0",
-        num_start_states=4,
-        num_generations=4,
-        rollout_filter_ratio=1.0,
+    args = make_args(
+        out,
         per_device_train_batch_size=2,
-        gradient_accumulation_steps=4,
         max_steps=3,
-        max_turns=1,
-        max_tokens_per_turn=12,
-        learning_rate=1e-3,
+        rollout_filter_ratio=1.0,
         weight_decay=0.1,
         entropy_coef=0.05,
         skip_zero_advantage_steps=True,
-        report_to=[],
-        save_strategy="no",
         num_eval_episodes=4,
         use_cpu=True,
-        seed=0,
     )
     digests = Digests()
     trainer = MultiTurnStarPOTrainer(
-        model, args, processing_class=tokenizer, backend=Scripted(tokenizer), callbacks=[digests]
+        model,
+        args,
+        processing_class=tokenizer,
+        backend=ScriptedBackend(tokenizer, reply, tokenizer.eos_token_id),
+        callbacks=[digests],
     )
     trainer.train()
     logged = [
