@@ -642,7 +642,7 @@ def test_demo_tables_by_hand():
     }
     lines = report.demo_table(results)
     assert "| `starpo/FrozenLake-v0` | 256 | 0.160 | 0.410 | +25.0 points / +6.5 | 60 |" in lines
-    assert "(make test ran beside it.)" in lines and any("wall time 5.0 min" in line for line in lines)
+    assert "(make test ran beside it.)" in lines and any("5.0 min for both envs" in line for line in lines)
     # three seeds: mean gain (25 + 18 + 8) / 3 = 17.0; two of three meet 10 points and 3 standard errors
     assert (
         "| `starpo/FrozenLake-v0` | 0.160, 0.190, 0.200 | 0.410, 0.370, 0.280 | +17.0 (+8.0, +25.0) | 2 of 3 |"
