@@ -42,8 +42,13 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
-def _code_state() -> tuple[str, bool]:
-    """The commit checked out and whether tracked code differs from it (files the scripts write aside)."""
+def _code_state() -> tuple[str | None, bool | None]:
+    """The commit checked out and whether tracked code differs from it (files the scripts write aside);
+    ``(None, None)`` outside a git checkout (nothing to name)."""
+    try:
+        _git("rev-parse", "HEAD")
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
     changed = [
         line[3:]
         for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
