@@ -185,7 +185,7 @@ def write(results: dict) -> None:
                     )
                     + f". KV reuse speedup of the engine (reuse off / on, same episodes): {spread_text(r, 'kv_reuse_speedup')} on the tiny model"
                     + (
-                        f", {r['kv_reuse_speedup_smollm2']:.2f} on SmolLM2-135M-Instruct (8 FrozenLake episodes x 3 turns x 24 tokens)"
+                        f", {spread_text(r, 'kv_reuse_speedup_smollm2')} on SmolLM2-135M-Instruct (8 FrozenLake episodes x 3 turns x 24 tokens)"
                         if "kv_reuse_speedup_smollm2" in r
                         else ""
                     )

@@ -196,8 +196,11 @@ def real_model_kv_reuse() -> dict:
         return {}
     model, tok = loaded
     starts = [StartState("starpo/FrozenLake-v0", s, (("is_slippery", False),)) for s in range(8)]
-    ratio, _ = kv_reuse_speedup(model, tok, starts, RolloutConfig(max_turns=3, max_tokens_per_turn=24))
-    return {"kv_reuse_speedup_smollm2": ratio}
+    ratio, seconds = kv_reuse_speedup(model, tok, starts, RolloutConfig(max_turns=3, max_tokens_per_turn=24))
+    return {
+        "kv_reuse_speedup_smollm2": ratio,
+        "kv_reuse_speedup_smollm2_repeats": [round(s[False] / s[True], 4) for s in seconds],
+    }
 
 
 def step_time_rows(
