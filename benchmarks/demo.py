@@ -54,13 +54,13 @@ def one_thread() -> dict:
 def run(recipe: str, seed: int) -> dict:
     """``train.py`` on ``recipe`` with ``seed``; seed 0 writes where the recipe says (runs/demo/)."""
     config = yaml.safe_load((ROOT / recipe).read_text())
-    extra = [] if seed == 0 else ["--output_dir", f"{config['output_dir']}-seed{seed}", "--report_path", ""]
-    out = ROOT / (config["output_dir"] if seed == 0 else f"{config['output_dir']}-seed{seed}")
+    out = config["output_dir"] if seed == 0 else f"{config['output_dir']}-seed{seed}"
+    extra = [] if seed == 0 else ["--output_dir", out, "--report_path", ""]
     start = time.time()
     cmd = [sys.executable, str(ROOT / "train.py"), "--config", recipe, "--seed", str(seed), "--disable_tqdm", "true"]
     subprocess.run(cmd + extra, cwd=ROOT, check=True, env=one_thread())
-    report = json.loads((out / "report.json").read_text())
-    before, after, n = report["success_before"], report["success_after"], report["episodes"]
+    result = json.loads((ROOT / out / "report.json").read_text())
+    before, after, n = result["success_before"], result["success_after"], result["episodes"]
     return {
         "success_before": before,
         "success_after": after,
@@ -77,19 +77,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     args = p.parse_args(argv)
     note = {"note": args.note} if args.note else {}
-    store = report.store
-
+    env_ids = {recipe: yaml.safe_load((ROOT / recipe).read_text())["env_id"] for recipe in RECIPES}
     start = time.time()
     if args.seeds == [0]:
-        section = {}
-        for recipe in RECIPES:
-            env_id = yaml.safe_load((ROOT / recipe).read_text())["env_id"]
-            section[env_id] = {"recipe": recipe, **run(recipe, 0)}
-        store("demo", {**section, **note}, seeds=[0], wall_seconds=time.time() - start)
+        section = {env_ids[recipe]: {"recipe": recipe, **run(recipe, 0)} for recipe in RECIPES}
+        report.store("demo", {**section, **note}, seeds=[0], wall_seconds=time.time() - start)
         return section
     section = {}
-    for recipe in RECIPES:
-        env_id = yaml.safe_load((ROOT / recipe).read_text())["env_id"]
+    for recipe, env_id in env_ids.items():
         per_seed = {str(seed): run(recipe, seed) for seed in args.seeds}
         gains = [r["gain"] for r in per_seed.values()]
         section[env_id] = {
@@ -99,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
             "min_gain": min(gains),
             "max_gain": max(gains),
         }
-    store("demo_seeds", {**section, **note}, seeds=args.seeds, wall_seconds=time.time() - start)
+    report.store("demo_seeds", {**section, **note}, seeds=args.seeds, wall_seconds=time.time() - start)
     return section
 
 

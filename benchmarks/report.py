@@ -46,7 +46,7 @@ def _code_state() -> tuple[str | None, bool | None]:
     """The commit checked out and whether tracked code differs from it (files the scripts write aside);
     ``(None, None)`` outside a git checkout (nothing to name)."""
     try:
-        _git("rev-parse", "HEAD")
+        head = _git("rev-parse", "HEAD").strip()
     except (OSError, subprocess.CalledProcessError):
         return None, None
     changed = [
@@ -54,7 +54,7 @@ def _code_state() -> tuple[str | None, bool | None]:
         for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
         if line[3:] not in WRITTEN and not line[3:].endswith(".png")
     ]
-    return _git("rev-parse", "HEAD").strip(), bool(changed)
+    return head, bool(changed)
 
 
 # the code a measurement runs on is the code when its script started, not when it stores (edits and commits
