@@ -39,6 +39,19 @@ def make_args(tmp_path, **kw):
     return StarPOConfig(**base)
 
 
+# the zero-advantage skip after real updates (tests/monitoring/test_empty_steps.py, on 1 and 2 processes): two
+# rollouts where every other episode writes no answer (advantages not 0), with weight decay, then one where every
+# episode names Dragon (every advantage 0)
+ZERO_ADVANTAGE_AFTER_UPDATES = dict(
+    max_steps=3, weight_decay=0.1, entropy_coef=0.05, skip_zero_advantage_steps=True, rollout_filter_ratio=1.0
+)
+
+
+def zero_advantage_after_updates_reply(call: int, i: int) -> str:
+    """The scripted reply of generate call ``call`` (one per rollout: one turn), row ``i``."""
+    return "no answer here" if call < 2 and i % 2 else "<think>x</think><answer>Dragon</answer>"
+
+
 def filter_settings(**kw):
     """The rollout filter's settings as StarPOConfig's defaults have them (every ``rollout_filter_*``
     field), with ``kw`` on top: for the pure scoring functions, which read only these."""

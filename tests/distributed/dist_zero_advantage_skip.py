@@ -14,15 +14,10 @@ from transformers import TrainerCallback
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the suite's helpers
 from conftest import ScriptedBackend  # noqa: E402  (registers the starpo/* envs too)
-from helpers import make_args  # noqa: E402
+from helpers import ZERO_ADVANTAGE_AFTER_UPDATES, make_args, zero_advantage_after_updates_reply  # noqa: E402
 
 from starpo_trl import MultiTurnStarPOTrainer  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
-
-
-def reply(call: int, i: int) -> str:
-    """Two rollouts where every other episode writes no answer, then every episode names Dragon."""
-    return "no answer here" if call < 2 and i % 2 else "<think>x</think><answer>Dragon</answer>"
 
 
 def digest(tensors) -> str:
@@ -47,22 +42,14 @@ def main(out):
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, seed=3, hidden_size=32, num_layers=1)
     args = make_args(
-        out,
-        per_device_train_batch_size=2,
-        max_steps=3,
-        rollout_filter_ratio=1.0,
-        weight_decay=0.1,
-        entropy_coef=0.05,
-        skip_zero_advantage_steps=True,
-        num_eval_episodes=4,
-        use_cpu=True,
+        out, per_device_train_batch_size=2, num_eval_episodes=4, use_cpu=True, **ZERO_ADVANTAGE_AFTER_UPDATES
     )
     digests = Digests()
     trainer = MultiTurnStarPOTrainer(
         model,
         args,
         processing_class=tokenizer,
-        backend=ScriptedBackend(tokenizer, reply, tokenizer.eos_token_id),
+        backend=ScriptedBackend(tokenizer, zero_advantage_after_updates_reply, tokenizer.eos_token_id),
         callbacks=[digests],
     )
     trainer.train()

@@ -3,7 +3,7 @@ checkpoint state, and the skipped optimizer step (gradients dropped)."""
 
 import pytest
 import torch
-from helpers import make_args
+from helpers import ZERO_ADVANTAGE_AFTER_UPDATES, make_args, zero_advantage_after_updates_reply
 from transformers import TrainerCallback
 
 from starpo_trl.monitoring.empty_steps import EmptySteps
@@ -129,23 +129,11 @@ def test_a_skipped_zero_advantage_step_after_real_updates_leaves_weights_and_opt
     from starpo_trl.tiny import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1)
-    args = make_args(
-        tmp_path,
-        max_steps=3,
-        weight_decay=0.1,
-        entropy_coef=0.05,
-        skip_zero_advantage_steps=True,
-        rollout_filter_ratio=1.0,
-    )
-
-    def reply(call, i):
-        if call < 2 and i % 2:  # one generate call per rollout (one turn)
-            return "no answer here"
-        return "<think>x</think><answer>Dragon</answer>"
-
+    args = make_args(tmp_path, **ZERO_ADVANTAGE_AFTER_UPDATES)
     snapshots = _Snapshots()
+    backend = scripted(zero_advantage_after_updates_reply)
     trainer = MultiTurnStarPOTrainer(
-        model, args, processing_class=tiny_tokenizer, backend=scripted(reply), callbacks=[snapshots]
+        model, args, processing_class=tiny_tokenizer, backend=backend, callbacks=[snapshots]
     )
     trainer.train()
     logged = [
