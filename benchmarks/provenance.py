@@ -66,7 +66,7 @@ def first_commit(past, find) -> tuple[str, str] | tuple[None, None]:
     return None, None
 
 
-def stamp(commit, date, machine, command, seeds, wall) -> dict:
+def backfilled(commit, date, machine, command, seeds, wall) -> dict:
     return {
         "commit": commit,
         "dirty": None,
@@ -99,7 +99,7 @@ def backfill() -> dict:
         wall = section.get("wall_seconds") or (round(sum(walls), 1) if walls and None not in walls else None)
         seeds = section.get("seeds")
         section.update(
-            stamp(commit, when, section.get("machine"), section.get("command", COMMANDS.get(key)), seeds, wall)
+            backfilled(commit, when, section.get("machine"), section.get("command", COMMANDS.get(key)), seeds, wall)
         )
         assert all(k in section for k in PROVENANCE), key
     real = results.get("real_model", {})
@@ -113,7 +113,7 @@ def backfill() -> dict:
         )
         commit, date = first_commit(past, same)
         command = f"python benchmarks/real_model.py rl {run['recipe']} {run.get('flags', '')}".strip()
-        run["provenance"] = stamp(
+        run["provenance"] = backfilled(
             commit, date, real.get("machine"), command, [_seed(run.get("flags", ""))], run["wall_seconds"]
         )
     for env_id, base in real.get("baseline", {}).items():
@@ -130,7 +130,7 @@ def backfill() -> dict:
         )
         commit, date = first_commit(past, same)
         command = f"python benchmarks/real_model.py baseline {env_id}"
-        base["provenance"] = stamp(commit, date, real.get("machine"), command, None, base.get("wall_seconds"))
+        base["provenance"] = backfilled(commit, date, real.get("machine"), command, None, base.get("wall_seconds"))
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     write(results)
     return results
