@@ -36,6 +36,15 @@ from envs.base import TextEnv, step_info
 from envs.contract import env_name
 
 
+ECHO_CHARS = 80  # an invalid action is quoted back to the model up to this many characters
+
+
+def _echo(action) -> str:
+    """An action quoted back to the model, cut to ``ECHO_CHARS`` (a reply can be any length)."""
+    text = str(action)
+    return repr(text) if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]!r}... ({len(text)} characters)"
+
+
 def trl_environment(env_id: str, env_kwargs: dict | None = None) -> type:
     """A TRL environment class (one instance per rollout) playing ``gymnasium.make(env_id, **env_kwargs)``."""
     kwargs = dict(env_kwargs or {})
@@ -72,7 +81,7 @@ def trl_environment(env_id: str, env_kwargs: dict | None = None) -> type:
             self.reward += float(reward)
             self.done = bool(terminated or truncated)
             self.success = bool(info.get("success", False))
-            notes = [] if info.get("action_is_valid", True) else [f"{action!r} is not a valid action."]
+            notes = [] if info.get("action_is_valid", True) else [f"{_echo(action)} is not a valid action."]
             if self.done:
                 notes.append("The episode is over" + (": solved." if self.success else "."))
             return "\n".join([str(observation), *notes])

@@ -214,22 +214,29 @@ def parse_reply(
 
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+# a reply's malformed tool calls each get an error message up to this many; the rest are counted in one more
+MAX_TOOL_CALL_ERRORS = 8
 
 
 @dataclass
 class ToolCalls:
     calls: list[dict] = field(default_factory=list)  # {"name": str, "arguments": dict}, in order
-    errors: list[str] = field(default_factory=list)  # one per malformed call
+    errors: list[str] = field(default_factory=list)  # one per malformed call, at most MAX_TOOL_CALL_ERRORS + 1
 
 
 def parse_tool_calls(text: str) -> ToolCalls:
     """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of a reply (the format of
     Qwen2.5 / Qwen3 / Hermes templates; ``arguments`` may also be a JSON string). A block that is not
-    such a JSON object is an error (a format penalty), never a crash. No block: a final answer."""
+    such a JSON object is an error (a format penalty), never a crash, whatever it holds (deep nesting,
+    huge numbers). No block: a final answer. Only the reply's first ``16 * MAX_ANSWER_CHARS``
+    characters are read; past ``MAX_TOOL_CALL_ERRORS`` errors one more message says how many were dropped."""
     import json
 
-    out = ToolCalls()
-    for body in _TOOL_CALL.findall(text[: 16 * MAX_ANSWER_CHARS]):
+    if not isinstance(text, str):
+        return ToolCalls(errors=["malformed tool call: the reply is not text"])
+    text = text[: 16 * MAX_ANSWER_CHARS]
+    out, errors = ToolCalls(), []
+    for body in _TOOL_CALL.findall(text):
         try:
             call = json.loads(body.strip())
             arguments = call.get("arguments", {}) if isinstance(call, dict) else None
@@ -238,8 +245,13 @@ def parse_tool_calls(text: str) -> ToolCalls:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(arguments, dict):
                 raise ValueError('expected {"name": "<tool>", "arguments": {...}}')
             out.calls.append({"name": call["name"], "arguments": arguments})
-        except ValueError as err:  # json.JSONDecodeError is a ValueError
-            out.errors.append(f"malformed tool call: {err}")
-    unclosed = text.count("<tool_call>") - len(out.calls) - len(out.errors)
-    out.errors += ["malformed tool call: <tool_call> without its closing </tool_call>"] * max(0, unclosed)
+        except ValueError as err:  # json.JSONDecodeError is a ValueError; so is an over-long integer
+            errors.append(f"malformed tool call: {err}")
+        except RecursionError:  # nesting deeper than the JSON decoder's recursion limit
+            errors.append("malformed tool call: JSON nested too deeply")
+    unclosed = text.count("<tool_call>") - len(out.calls) - len(errors)
+    errors += ["malformed tool call: <tool_call> without its closing </tool_call>"] * max(0, unclosed)
+    out.errors = errors[:MAX_TOOL_CALL_ERRORS]
+    if len(errors) > MAX_TOOL_CALL_ERRORS:
+        out.errors.append(f"{len(errors) - MAX_TOOL_CALL_ERRORS} more malformed tool calls in this reply (not listed)")
     return out

@@ -33,6 +33,10 @@ def test_the_environment_class_plays_the_env():
     assert env.act("Up") == "The episode is over: no more actions."
     env.reset(seed=3)
     assert "'Jump' is not a valid action." in env.act("Jump") and not env.done
+    # a reply of any length is quoted back cut to ECHO_CHARS (#45, item 7)
+    echoed = env.act("x" * 1_000_000)
+    assert len(echoed) < len(local.unwrapped.render_text()) + 200 and "(1000000 characters)" in echoed
+    assert f"'{'x' * 80}'... (1000000 characters) is not a valid action." in echoed
     with pytest.raises(Exception, match="Nope"):
         trl_environment("starpo/Nope-v0")
 

@@ -74,6 +74,43 @@ def test_parse_tool_calls():
         assert parse_tool_calls(bad).errors and not parse_tool_calls(bad).calls
 
 
+def test_pathological_tool_calls_are_errors_not_crashes():
+    """Deep nesting (past the JSON decoder's recursion limit) and an integer longer than Python converts
+    are malformed calls, each one error message, never an exception (#45, item 1)."""
+    nested = parse_tool_calls("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>")
+    assert nested.calls == [] and nested.errors == ["malformed tool call: JSON nested too deeply"]
+    deep_arguments = parse_tool_calls(call(step=1)[:-14] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}}</tool_call>")
+    assert deep_arguments.calls == [] and len(deep_arguments.errors) == 1
+    huge = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>")
+    assert huge.calls == [] and len(huge.errors) == 1 and "digits" in huge.errors[0]
+    assert parse_tool_calls(None).errors and not parse_tool_calls(None).calls
+
+
+def test_errors_per_reply_are_bounded_and_only_the_read_text_is_counted():
+    """300 unclosed tags give MAX_TOOL_CALL_ERRORS messages and one that counts the rest; a reply past the
+    read limit has its unclosed tags counted in the part read, not over the whole text (#45, item 7)."""
+    from starpo_trl.rollout.prompting import MAX_ANSWER_CHARS, MAX_TOOL_CALL_ERRORS
+
+    many = parse_tool_calls("<tool_call>x " * 300)
+    assert len(many.errors) == MAX_TOOL_CALL_ERRORS + 1
+    assert many.errors[-1] == f"{300 - MAX_TOOL_CALL_ERRORS} more malformed tool calls in this reply (not listed)"
+    exactly = parse_tool_calls("<tool_call>x " * MAX_TOOL_CALL_ERRORS)
+    assert len(exactly.errors) == MAX_TOOL_CALL_ERRORS and "more" not in exactly.errors[-1]
+    one = call("f")
+    long = parse_tool_calls(one * 100_000)
+    read = 16 * MAX_ANSWER_CHARS
+    assert len(long.calls) == read // len(one)
+    assert long.errors == (["malformed tool call: <tool_call> without its closing </tool_call>"] if read % len(one) else [])
+
+
+def test_a_reply_of_300_unclosed_calls_makes_a_bounded_tool_message(tool_tokenizer):
+    from starpo_trl.rollout.prompting import MAX_TOOL_CALL_ERRORS
+
+    _, ep = play(tool_tokenizer, ["<tool_call>x" * 300, "done"])
+    tools = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert len(tools) == MAX_TOOL_CALL_ERRORS + 1 and ep.num_format_errors == 1 and ep.turn_rewards[0] == -0.1
+
+
 def test_tool_calls_run_and_the_episode_is_the_templates_conversation(tool_tokenizer):
     tok = tool_tokenizer
     engine, ep = play(tok, [call(step=1), call(step=1) + call(step=1), "done"])
