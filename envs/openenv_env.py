@@ -86,7 +86,11 @@ class OpenEnvTextEnv(TextEnv):
             client = GenericEnvClient(
                 base_url=self.base_url, connect_timeout_s=self.connect_timeout_s, message_timeout_s=self.timeout_s
             ).sync()
-            client.connect()
+            try:
+                client.connect()
+            except BaseException:  # no session: stop the client's event-loop thread too, or one leaks per episode
+                _close_quietly(client)
+                raise
             self.client = client
         return self.client
 

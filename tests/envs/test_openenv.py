@@ -177,3 +177,23 @@ def test_a_server_slower_than_the_timeout_ends_the_episode_as_an_env_error(tiny_
         engine.close()
         assert time.time() - start < 6.0  # the trainer waited for the timeout, not for the server
         assert all(ep.env_error is not None and ep.env_error.startswith("step") for ep in episodes)
+
+
+def test_a_server_that_cannot_be_reached_leaks_no_client_thread():
+    """Each failed connect used to leave the sync client's event-loop thread running: one per episode (#45, item 2)."""
+    import threading
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def loops():
+        return sum(t.name == "openenv-sync-client-loop" and t.is_alive() for t in threading.enumerate())
+
+    before = loops()
+    for seed in range(4):
+        env = gym.make("starpo/OpenEnv-v0", base_url=f"http://127.0.0.1:{port}", connect_timeout_s=2.0)
+        with pytest.raises(Exception):
+            env.reset(seed=seed)
+        env.close()
+    assert loops() == before
