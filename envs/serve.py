@@ -87,15 +87,37 @@ def text_environment(env_id: str, env_kwargs: dict | None = None) -> type[Enviro
     return TextEnvironment
 
 
+class QuietClientClose:
+    """ASGI middleware: a ``WebSocketDisconnect`` that escapes a WebSocket session is the client having
+    left (openenv-core 0.3's handler closes the socket again after a normal client close and catches only
+    ``RuntimeError``), not a server error; without this every episode's close logs a ~60-line traceback.
+    Any other exception, and every HTTP request, passes through untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+        from starlette.websockets import WebSocketDisconnect
+
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            pass
+
+
 def make_app(env_id: str, env_kwargs: dict | None = None, max_sessions: int = 64):
     """The FastAPI app (``/ws`` sessions, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/health``)."""
-    return create_app(
+    app = create_app(
         text_environment(env_id, env_kwargs),
         TextAction,
         TextObservation,
         env_name=env_id.split("/")[-1],
         max_concurrent_envs=max_sessions,
     )
+    app.add_middleware(QuietClientClose)
+    return app
 
 
 def main(argv=None) -> None:

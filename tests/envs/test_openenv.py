@@ -22,13 +22,14 @@ SERVER_START_S = 300
 
 
 @contextlib.contextmanager
-def serve(env_id: str, env_kwargs: str = "{}"):
+def serve(env_id: str, env_kwargs: str = "{}", log: pathlib.Path | None = None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "envs.serve", env_id, "--port", str(port), "--env_kwargs", env_kwargs]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115  (closed below)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
     try:
         # a busy 2-core machine can take minutes to import and start the server: poll until it answers
@@ -51,11 +52,18 @@ def serve(env_id: str, env_kwargs: str = "{}"):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if log is not None:
+            err.close()
 
 
 @pytest.fixture(scope="module")
-def sokoban_server():
-    with serve("starpo/Sokoban-v0") as (url, _):
+def server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("openenv") / "server.stderr"
+
+
+@pytest.fixture(scope="module")
+def sokoban_server(server_log):
+    with serve("starpo/Sokoban-v0", log=server_log) as (url, _):
         yield url
 
 
@@ -89,6 +97,39 @@ def test_a_stock_openenv_client_plays_it_in_its_own_session(sokoban_server):
         step = a.step({"text": action})
         assert first == gym.make("starpo/Sokoban-v0").reset(seed=1)[0]
         assert step.observation["text"] == local.step(action)[0] and step.done is False
+
+
+def test_closing_a_session_logs_no_traceback(sokoban_server, server_log):
+    """openenv-core closes an already closed socket after every normal client close; its WebSocketDisconnect
+    was logged as a ~60-line traceback per episode (#45, item 6)."""
+    for seed in range(2):
+        remote = gym.make("starpo/OpenEnv-v0", base_url=sokoban_server)
+        remote.reset(seed=seed)
+        remote.step("Up")
+        remote.close()
+    time.sleep(1.0)  # the server handles the close after the client returns
+    log = server_log.read_text()
+    assert "Traceback" not in log and "WebSocketDisconnect" not in log, log[-2000:]
+
+
+def test_the_quiet_close_middleware_hides_only_a_websocket_disconnect():
+    import asyncio
+
+    from starlette.websockets import WebSocketDisconnect
+
+    from envs.serve import QuietClientClose
+
+    def app_raising(error):
+        async def app(scope, receive, send):
+            raise error
+
+        return QuietClientClose(app)
+
+    asyncio.run(app_raising(WebSocketDisconnect(1006))({"type": "websocket"}, None, None))  # the client left
+    with pytest.raises(ValueError, match="a real error"):
+        asyncio.run(app_raising(ValueError("a real error"))({"type": "websocket"}, None, None))
+    with pytest.raises(WebSocketDisconnect):
+        asyncio.run(app_raising(WebSocketDisconnect(1006))({"type": "http"}, None, None))
 
 
 def test_training_through_the_adapter_matches_in_process_episodes(
