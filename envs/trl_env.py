@@ -35,7 +35,6 @@ import envs  # noqa: F401  (registers the envs)
 from envs.base import TextEnv, step_info
 from envs.contract import env_name
 
-
 ECHO_CHARS = 80  # an invalid action is quoted back to the model up to this many characters
 
 

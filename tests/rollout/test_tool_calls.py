@@ -100,7 +100,9 @@ def test_errors_per_reply_are_bounded_and_only_the_read_text_is_counted():
     long = parse_tool_calls(one * 100_000)
     read = 16 * MAX_ANSWER_CHARS
     assert len(long.calls) == read // len(one)
-    assert long.errors == (["malformed tool call: <tool_call> without its closing </tool_call>"] if read % len(one) else [])
+    assert long.errors == (
+        ["malformed tool call: <tool_call> without its closing </tool_call>"] if read % len(one) else []
+    )
 
 
 def test_a_reply_of_300_unclosed_calls_makes_a_bounded_tool_message(tool_tokenizer):
