@@ -33,7 +33,8 @@ def append_report(path: str, result: dict, wall_seconds: float) -> None:
     if os.path.exists(path):
         with open(path) as f:
             report = json.load(f)
-    report["results"] = [r for r in report["results"] if r["env_id"] != result["env_id"]] + [result]
+    key = lambda r: r.get("env_id") or r.get("eval_env_ids")  # noqa: E731  (one result per eval env, or set of them)
+    report["results"] = [r for r in report["results"] if key(r) != key(result)] + [result]
     report["wall_seconds"] = round(report.get("wall_seconds", 0.0) + wall_seconds, 1)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
@@ -181,18 +182,43 @@ def write_outputs(trainer, run_args: RunArguments, args: StarPOConfig, result: d
         print(f"{line} on {args.num_eval_episodes} held-out episodes per env ({wall:.0f}s)")
 
 
-def summary_lines(args: StarPOConfig, result: dict) -> list[str]:
-    """One ``env: success before -> after`` line per eval env; with several, ``success_before/after`` of the
-    result are pooled over all of them (and said so), each env's own are ``<name>/success``."""
+def held_out_result(args: StarPOConfig, before: dict | None, after: dict) -> dict:
+    """The held-out success of a run, labelled with what was played. One eval env: ``env_id``,
+    ``success_before`` / ``success_after``. Several (``eval_env_configs``): each env's own under
+    ``eval_envs`` (by name), and the episodes of all of them together as ``pooled_success_before`` /
+    ``pooled_success_after``; ``env_id`` is None and ``eval_env_ids`` lists them."""
     envs = args.eval_envs()
     if len(envs) == 1:
-        return [f"{args.eval_env_id}: success {result['success_before']} -> {result['success_after']}"]
-    before, after = result["before"] or {}, result["after"]
+        return {
+            "env_id": envs[0].env_id,
+            "success_before": None if before is None else before["success"],
+            "success_after": after["success"],
+        }
+    return {
+        "env_id": None,
+        "eval_env_ids": [env.env_id for env in envs],
+        "eval_envs": {
+            env.name: {
+                "env_id": env.env_id,
+                "success_before": None if before is None else before[f"{env.name}/success"],
+                "success_after": after[f"{env.name}/success"],
+            }
+            for env in envs
+        },
+        "pooled_success_before": None if before is None else before["success"],
+        "pooled_success_after": after["success"],
+    }
+
+
+def summary_lines(args: StarPOConfig, result: dict) -> list[str]:
+    """One ``env: success before -> after`` line per eval env; with several, then their episodes pooled (said so)."""
+    if result["env_id"] is not None:
+        return [f"{result['env_id']}: success {result['success_before']} -> {result['success_after']}"]
     lines = [
-        f"{env.env_id}: success {before.get(f'{env.name}/success')} -> {after[f'{env.name}/success']}" for env in envs
+        f"{e['env_id']}: success {e['success_before']} -> {e['success_after']}" for e in result["eval_envs"].values()
     ]
     return lines + [
-        f"all {len(envs)} eval envs pooled: success {result['success_before']} -> {result['success_after']}"
+        f"all {len(lines)} eval envs pooled: success {result['pooled_success_before']} -> {result['pooled_success_after']}"
     ]
 
 
@@ -277,9 +303,7 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         trainer.save_model(args.output_dir)
     trainer.create_model_card()
     result = {
-        "env_id": args.eval_env_id,
-        "success_before": None if before is None else before["success"],
-        "success_after": after["success"],
+        **held_out_result(args, before, after),
         "episodes": args.num_eval_episodes,
         "before": before,
         "after": after,

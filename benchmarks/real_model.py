@@ -129,7 +129,7 @@ def record(
 ) -> dict:
     """One finished `train.py --config RECIPE [FLAGS]` run (its output_dir) as a "runs" entry (one
     per recipe and flags). With several eval envs (``eval_env_configs``) each one's before/after
-    goes to ``eval_envs``; ``success_before/after`` are then the recipe's ``eval_env_id``'s.
+    goes to ``eval_envs``; ``success_before/after`` are then the first of ``eval_env_configs``.
     ``note``: what the numbers alone do not say (e.g. another job shared the CPU), printed under the table."""
 
     import train
@@ -158,12 +158,13 @@ def record(
         }
         for n in names
     }
-    primary = per_env.get(env_name(out["env_id"]), {})  # the recipe's eval_env_id, when there are several
+    # with several eval envs the first of eval_env_configs is the run's headline (its held-out variant)
+    primary = per_env.get(args.eval_envs()[0].name, {}) if out.get("env_id") is None else {}
     run = {
         "recipe": f"recipes/{pathlib.Path(recipe).name}",
         "flags": " ".join(flags),
         "env_id": args.env_id,
-        "eval_env_id": out["env_id"],
+        "eval_env_id": out.get("env_id") or args.eval_envs()[0].env_id,
         "start": "sft" if warm else "base",
         "warm_start": (
             f"{warm} demonstrations, noise {noise}" + (" (format only: random actions)" if noise == 1.0 else "")
@@ -171,8 +172,8 @@ def record(
         if warm
         else None,
         "lora": bool(model_args.use_peft),
-        "success_before": primary.get("success_before", out["success_before"]),
-        "success_after": primary.get("success_after", out["success_after"]),
+        "success_before": primary.get("success_before", out.get("success_before")),
+        "success_after": primary.get("success_after", out.get("success_after")),
         "format_error_before": primary.get("format_error_before", before.get("format_error_rate")),
         "format_error_after": primary.get("format_error_after", after["format_error_rate"]),
         "eval_envs": per_env,

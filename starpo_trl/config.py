@@ -85,8 +85,8 @@ class StarPOConfig(GRPOConfig):
             holds `n_groups` start states of each (all set, adding up to `num_start_states`, or none:
             an even split); metrics are per env, `env/<name>/...` (see `starpo_trl.env_configs`).
         eval_env_configs (`list` or JSON `str`, optional): the held-out envs, one evaluation (and one
-            row of the model card) each. Default: `eval_env_id` / `eval_env_kwargs`, or with
-            `env_configs` (and no `eval_env_id`) every training env.
+            row of the model card) each; not with `eval_env_id` / `eval_env_kwargs`. Default:
+            `eval_env_id` / `eval_env_kwargs`, or with `env_configs` (and no `eval_env_id`) every training env.
         rollout_filter_scope (`str`, `"per_env"`): with several training envs the filter ranks the
             groups of each env among themselves, its value applied per env (a quota: one env's
             variance cannot starve another), or the whole batch together (`global`).
@@ -506,6 +506,11 @@ class StarPOConfig(GRPOConfig):
             self.env_id, self.env_kwargs = configs[0].env_id, configs[0].env_kwargs  # the first: the guard watches it
         self.env_kwargs = dict(self.env_kwargs or {})
         eval_given = self.eval_env_id is not None
+        if self.eval_env_configs is not None and (eval_given or self.eval_env_kwargs is not None):
+            raise ValueError(
+                "Set eval_env_id / eval_env_kwargs (one held-out env) or eval_env_configs (several), not both: "
+                "the configs' envs are the ones played."
+            )
         if self.eval_env_kwargs is not None:
             self.eval_env_kwargs = dict(self.eval_env_kwargs)
         else:

@@ -98,7 +98,18 @@ def test_record_keeps_each_eval_env_and_each_set_of_flags(tmp_path, monkeypatch)
     monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
     monkeypatch.setattr(real_model, "HERE", tmp_path)
     recipe = tmp_path / "smollm2-cpu-y.yaml"
-    recipe.write_text(yaml.safe_dump({"env_id": "starpo/BanditSymbolic-v0", "warm_start_episodes": 8}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "env_id": "starpo/BanditSymbolic-v0",
+                "warm_start_episodes": 8,
+                "eval_env_configs": [
+                    {"env_id": "starpo/BanditSymbolicTest-v0"},
+                    {"env_id": "starpo/BanditSymbolic-v0"},
+                ],
+            }
+        )
+    )
     run = tmp_path / "run"
     run.mkdir()
 
@@ -112,10 +123,11 @@ def test_record_keeps_each_eval_env_and_each_set_of_flags(tmp_path, monkeypatch)
             "BanditSymbolicTest-v0/format_error_rate": 0.25,
         }
 
-    out = {
-        "env_id": "starpo/BanditSymbolicTest-v0",
-        "success_before": 0.5,
-        "success_after": 0.75,
+    out = {  # train.py's report.json with several eval envs: no top-level env_id, the pool named as such
+        "env_id": None,
+        "eval_env_ids": ["starpo/BanditSymbolicTest-v0", "starpo/BanditSymbolic-v0"],
+        "pooled_success_before": 0.5,
+        "pooled_success_after": 0.75,
         "episodes": 256,
         "before": metrics(0.25, 0.75),
         "after": metrics(1.0, 0.5),
@@ -125,7 +137,8 @@ def test_record_keeps_each_eval_env_and_each_set_of_flags(tmp_path, monkeypatch)
     (run / "report.json").write_text(json.dumps(out))
     think = real_model.record(str(recipe), str(run))
     plain = real_model.record(str(recipe), str(run), flags=["--enable_think", "false"])
-    assert (plain["success_before"], plain["success_after"]) == (0.75, 0.5)  # the recipe's eval_env_id
+    assert (plain["success_before"], plain["success_after"]) == (0.75, 0.5)  # the first of eval_env_configs
+    assert plain["eval_env_id"] == "starpo/BanditSymbolicTest-v0"
     assert plain["eval_envs"]["BanditSymbolic-v0"] == {
         "success_before": 0.25,
         "success_after": 1.0,

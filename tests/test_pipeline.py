@@ -277,18 +277,55 @@ def test_the_closing_line_names_each_eval_env_and_says_when_success_is_pooled(tm
     import train
 
     one = make_args(tmp_path, eval_env_id="starpo/BanditTest-v0")
-    result = {"success_before": 0.25, "success_after": 0.5, "before": {"success": 0.25}, "after": {"success": 0.5}}
+    result = train.held_out_result(one, {"success": 0.25}, {"success": 0.5})
+    assert result == {"env_id": "starpo/BanditTest-v0", "success_before": 0.25, "success_after": 0.5}
     assert train.summary_lines(one, result) == ["starpo/BanditTest-v0: success 0.25 -> 0.5"]
-    two = make_args(
-        tmp_path,
-        eval_env_id="starpo/BanditTest-v0",
-        eval_env_configs=[{"env_id": "starpo/BanditTest-v0"}, {"env_id": "starpo/Bandit-v0"}],
-    )
+    two = make_args(tmp_path, eval_env_configs=[{"env_id": "starpo/BanditTest-v0"}, {"env_id": "starpo/Bandit-v0"}])
     before = {"success": 0.375, "BanditTest-v0/success": 0.25, "Bandit-v0/success": 0.5}
     after = {"success": 0.625, "BanditTest-v0/success": 0.5, "Bandit-v0/success": 0.75}
-    result = {"success_before": 0.375, "success_after": 0.625, "before": before, "after": after}
+    result = train.held_out_result(two, before, after)
+    # several envs: report.json names no single env and calls the pooled numbers pooled (#45, item 3)
+    assert result["env_id"] is None and "success_after" not in result
+    assert result["eval_env_ids"] == ["starpo/BanditTest-v0", "starpo/Bandit-v0"]
+    assert (result["pooled_success_before"], result["pooled_success_after"]) == (0.375, 0.625)
+    assert result["eval_envs"]["BanditTest-v0"] == {
+        "env_id": "starpo/BanditTest-v0",
+        "success_before": 0.25,
+        "success_after": 0.5,
+    }
+    assert train.held_out_result(two, None, after)["eval_envs"]["Bandit-v0"]["success_before"] is None
     assert train.summary_lines(two, result) == [
         "starpo/BanditTest-v0: success 0.25 -> 0.5",
         "starpo/Bandit-v0: success 0.5 -> 0.75",
         "all 2 eval envs pooled: success 0.375 -> 0.625",
     ]
+
+
+def test_eval_env_id_and_eval_env_configs_together_are_refused(tmp_path):
+    """The configs' envs are the ones played: naming another env beside them mislabelled the results (#45, item 3)."""
+    from helpers import make_args
+
+    configs = [{"env_id": "starpo/BanditTest-v0"}, {"env_id": "starpo/Bandit-v0"}]
+    with pytest.raises(ValueError, match="eval_env_configs \\(several\\), not both"):
+        make_args(tmp_path, eval_env_id="starpo/BanditTest-v0", eval_env_configs=configs)
+    with pytest.raises(ValueError, match="not both"):
+        make_args(tmp_path, eval_env_kwargs={"arm_names": [["A", "B"]]}, eval_env_configs=configs)
+
+
+def test_the_model_card_lists_every_eval_env_and_marks_pooled_rows(tmp_path):
+    from helpers import make_args
+
+    from starpo_trl.monitoring.model_card import render_model_card
+
+    two = make_args(tmp_path, eval_env_configs=[{"env_id": "starpo/BanditTest-v0"}, {"env_id": "starpo/Bandit-v0"}])
+    evaluation = {"after RL": {"success": 0.625, "BanditTest-v0/success": 0.5, "Bandit-v0/success": 0.75}}
+    card = str(render_model_card(two, None, evaluation))
+    assert "- evaluation envs (one row each below, and all pooled): `starpo/BanditTest-v0`" in card
+    assert "`starpo/Bandit-v0`, kwargs `{}`" in card
+    assert "| success (all envs pooled) | 0.625 |" in card and "| BanditTest-v0/success | 0.5 |" in card
+    one = str(
+        render_model_card(
+            make_args(tmp_path, eval_env_id="starpo/BanditTest-v0"), None, {"after RL": {"success": 0.5}}
+        )
+    )
+    assert "- evaluation env: `starpo/BanditTest-v0`" in one and "| success | 0.5 |" in one

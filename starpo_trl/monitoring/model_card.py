@@ -74,9 +74,11 @@ def evaluation_table(results: dict[str, dict]) -> str:
     keys = [k for k in EVAL_ORDER if any(k in r for r in results.values())]
     keys += sorted({k for r in results.values() for k in r} - set(keys) - {"env_id"})
     lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    several = any("/" in k for r in results.values() for k in r)  # per-env rows: the others are pooled
     for key in keys:
+        label = f"{key} (all envs pooled)" if several and "/" not in key else key
         lines.append(
-            f"| {key} | " + " | ".join(_fmt(results[n][key]) if key in results[n] else "" for n in names) + " |"
+            f"| {label} | " + " | ".join(_fmt(results[n][key]) if key in results[n] else "" for n in names) + " |"
         )
     return "\n".join(lines)
 
@@ -102,7 +104,13 @@ def render_model_card(
     settings = "\n".join(
         f"| {label} | `{_fmt(getattr(args, name))}` |" for name, label in SETTINGS if hasattr(args, name)
     )
-    eval_env = args.eval_env_id or args.env_id
+    held_out = args.eval_envs()
+    if len(held_out) == 1:
+        eval_line = f"- evaluation env: `{held_out[0].env_id}`, kwargs `{held_out[0].env_kwargs}`"
+    else:
+        eval_line = "- evaluation envs (one row each below, and all pooled): " + "; ".join(
+            f"`{e.env_id}`, kwargs `{e.env_kwargs}`" for e in held_out
+        )
     lines = [
         "---",
         data.to_yaml(),
@@ -117,7 +125,7 @@ def render_model_card(
         "## Environment",
         "",
         f"- train env: `{args.env_id}`, kwargs `{args.env_kwargs}`",
-        f"- evaluation env: `{eval_env}`, kwargs `{args.eval_env_kwargs}`; {args.num_eval_episodes} held-out seeds from "
+        f"{eval_line}; {args.num_eval_episodes} held-out seeds from "
         f"{args.eval_seed_offset}, temperature {args.eval_temperature}",
         "",
         "## Held-out evaluation",
