@@ -12,6 +12,7 @@ from envs.contract import env_name
 from starpo_trl.algorithms import get_estimator, num_kept_groups
 from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
 from starpo_trl.env_configs import EnvConfig, group_envs, parse_env_configs, split_groups
+from starpo_trl.numeric_settings import Range, check_declared, check_numbers
 from starpo_trl.rollout import RolloutConfig
 from starpo_trl.rollout.engine import context_window_turns
 from starpo_trl.rollout.shaping import ThinkShaping
@@ -469,11 +470,13 @@ class StarPOConfig(GRPOConfig):
     remove_unused_columns: bool | None = field(default=False, metadata={"help": "Keep the start-state columns."})
 
     def __post_init__(self):
+        check_numbers(self, NUMBER_RANGES, own_only=True, with_range=False)  # numbers of the declared kind, finite
         self._parse_env_kwargs()
         self._check_ranges()
         self._check_envs()
         self._check_rollout_settings()
         self._check_training_settings()
+        check_numbers(self, NUMBER_RANGES, own_only=True)  # each in its range (the checks above say more for some)
         if self.bf16 is None and not self.fp16:
             import torch
 
@@ -868,6 +871,87 @@ class StarPOConfig(GRPOConfig):
         return {name: getattr(self, name) for name in ROLLOUT_SETTINGS}
 
 
+_AT_LEAST_0, _AT_LEAST_1, _POSITIVE, _UNIT, _ANY = Range(0), Range(1), Range(0, low_open=True), Range(0, 1), Range()
+# The range of every numeric field declared in StarPOConfig (its own and the GRPOConfig defaults it changes); a
+# field missing here fails at import (check_declared below), so no number escapes the one rule of numeric_settings.
+NUMBER_RANGES = {
+    **dict.fromkeys(
+        (
+            "num_start_states",
+            "num_train_seeds",
+            "num_eval_episodes",
+            "eval_rollout_batch_size",
+            *EPISODE_BUDGETS,
+            "rollout_filter_empty_stop_steps",
+            "max_empty_steps",
+            "critic_epochs",
+            "collapse_guard_warmup_steps",
+            "collapse_guard_retrieval_warmup",
+            "collapse_guard_patience",
+            "collapse_guard_snapshot_steps",
+            "mi_metrics_inputs",
+            "mi_metrics_per_input",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+        ),
+        _AT_LEAST_1,
+    ),
+    **dict.fromkeys(
+        (
+            "train_seed_offset",
+            "eval_seed_offset",
+            "num_sample_episodes",
+            "eval_temperature",
+            "rollout_filter_eps",
+            "critic_warmup_steps",
+            "collapse_guard_grad_norm_spike",
+            "mi_metrics_every",
+            "think_bonus",
+            "think_min_words",
+            "think_max_words",
+            "think_copy_penalty",
+            "epsilon_high",
+            "beta",
+            "entropy_coef",
+            "learning_rate",
+            "weight_decay",
+        ),
+        _AT_LEAST_0,
+    ),
+    **dict.fromkeys(("env_step_timeout", "rollout_filter_ratio", "critic_learning_rate", "value_clip"), _POSITIVE),
+    **dict.fromkeys(("logging_steps",), _POSITIVE),
+    **dict.fromkeys(
+        (
+            "gamma",
+            "lam",
+            "turn_gamma",
+            "turn_lambda",
+            "collapse_guard_reward_std_fraction",
+            "collapse_guard_entropy_fraction",
+            "collapse_guard_diversity_fraction",
+            "collapse_guard_diversity_floor",
+            "collapse_guard_retrieval_fraction",
+        ),
+        _UNIT,
+    ),
+    "collapse_guard_smoothing": Range(0, 1, low_open=True),
+    "format_penalty": Range(None, 0),
+    "env_failure_reward": _ANY,
+    "num_generations": Range(2),
+    "max_steps": Range(-1),
+}
+check_declared(StarPOConfig, NUMBER_RANGES, own_only=True)
+
+RUN_NUMBER_RANGES = {
+    "warm_start_episodes": _AT_LEAST_0,
+    "warm_start_noise": _UNIT,
+    "warm_start_actions_per_turn": _AT_LEAST_1,
+    "warm_start_epochs": _POSITIVE,
+    "warm_start_learning_rate": _POSITIVE,
+    "warm_start_batch_size": _AT_LEAST_1,
+}
+
+
 @dataclass
 class RunArguments:
     """The arguments of ``train.py`` beyond ``StarPOConfig`` and TRL's ``ModelConfig``: the warm start,
@@ -909,6 +993,12 @@ class RunArguments:
             "help": "Each process writes output_dir/rank-N.json (kept groups per rollout, SHA-256 of its policy and critic weights) to check that ranks agree."
         },
     )
+
+    def __post_init__(self):
+        check_numbers(self, RUN_NUMBER_RANGES)
+
+
+check_declared(RunArguments, RUN_NUMBER_RANGES)
 
 
 def default_eval_kwargs(env_id: str | None, env_kwargs: dict | None, eval_env_id: str | None) -> dict:
