@@ -11,6 +11,7 @@ from trl import GRPOConfig
 from envs.contract import env_name
 from starpo_trl.algorithms import get_estimator, num_kept_groups
 from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
+from starpo_trl.algorithms.scoring import REWARD_FUNC_ERRORS
 from starpo_trl.env_configs import EnvConfig, group_envs, parse_env_configs, split_groups
 from starpo_trl.numeric_settings import Range, check_declared, check_numbers
 from starpo_trl.rollout import RolloutConfig
@@ -154,6 +155,11 @@ class StarPOConfig(GRPOConfig):
         env_error_policy (`str`, `"exclude"`): what an episode whose env raised, timed out or paid
             a non-finite reward becomes: `exclude` (out of the loss and of its group's statistics)
             or `failure_reward` (trained on, with reward `env_failure_reward`, default 0.0).
+        reward_func_errors (`str`, `"raise"`): a `reward_funcs` function (see `MultiTurnStarPOTrainer`)
+            that raises or returns other than one number per episode stops training with an error that
+            names it (`raise`), or ends every episode of that call as an env error (`mark`: counted in
+            `env/errors`, then `env_error_policy`). A NaN or infinite reward from one ends that episode
+            as an env error either way.
         vllm_lora_sync (`bool`, False): with LoRA and `vllm_mode="colocate"`, push only the adapter
             to vLLM before each rollout (vLLM's LoRA support) instead of TRL's merged full weights
             (see `starpo_trl.rollout.lora_sync`). Not with `vllm_enable_sleep_mode`.
@@ -343,6 +349,10 @@ class StarPOConfig(GRPOConfig):
     )
     env_failure_reward: float = field(
         default=0.0, metadata={"help": "Reward of a failed episode under env_error_policy=failure_reward."}
+    )
+    reward_func_errors: str = field(
+        default="raise",
+        metadata={"help": "A reward function that raises: raise (stop, naming it) or mark (its episodes end as env errors)."},
     )
     vllm_lora_sync: bool = field(
         default=False, metadata={"help": "LoRA + vLLM colocate: push only the adapter to vLLM each step."}
@@ -562,6 +572,8 @@ class StarPOConfig(GRPOConfig):
             split_groups(self.train_envs(), self.num_start_states)
             self._check_mirror_seeds()
             self._check_format_instruction()
+        if self.reward_func_errors not in REWARD_FUNC_ERRORS:
+            raise ValueError(f"reward_func_errors must be one of {REWARD_FUNC_ERRORS}, got {self.reward_func_errors!r}")
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
         from starpo_trl.rollout.env_runner import RUNNERS

@@ -167,7 +167,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         )
         rollout = self.play(starts, self.temperature)
         # TRL-style reward functions, on this process's episodes (each function runs once per episode)
-        rewards = add_function_rewards(rollout, self.extra_reward_funcs)
+        rewards = add_function_rewards(rollout, self.extra_reward_funcs, args.reward_func_errors)
         self._log(mode, {f"rewards/{name}/mean": mean for name, mean in rewards.items()})
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:

@@ -125,34 +125,70 @@ def critic_turn_rewards(
     ]
 
 
-def add_function_rewards(episodes, reward_funcs) -> dict[str, float]:
+REWARD_FUNC_ERRORS = ("raise", "mark")
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised or returned something other than one number per episode."""
+
+
+def add_function_rewards(episodes, reward_funcs, on_error: str = "raise") -> dict[str, float]:
     """Add TRL-style reward functions' rewards to each episode's last turn (episodes that failed or
     never acted are left as they are). ``f(prompts, completions, env_id, seed, success, env_reward)``:
     each episode's first message, the rest of its conversation (message dicts) and its env's id, seed,
     success and reward; it returns one reward per episode (None counts 0). Returns each function's
-    mean reward, by its name."""
-    scored = [ep for ep in episodes if ep.turn_rewards and ep.env_error is None]
+    mean reward over the episodes it scored, by its name.
+
+    As an env's rewards: a NaN or infinite reward ends that episode as an env error
+    (``reward_func <name>: non-finite reward nan``, counted in ``env/errors``, then ``env_error_policy``).
+    A function that raises (or returns something other than one number per episode) stops training
+    with an error naming it (``on_error="raise"``), or with ``on_error="mark"`` ends every episode it
+    was called on as an env error naming it."""
+    if on_error not in REWARD_FUNC_ERRORS:
+        raise ValueError(f"on_error must be one of {REWARD_FUNC_ERRORS}, got {on_error!r}")
     means: dict[str, float] = {}
-    if not scored:
-        return means
-    prompts = [ep.messages[:1] for ep in scored]
-    completions = [ep.messages[1:] for ep in scored]
-    extra = {
+    for fn in reward_funcs:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        scored = [ep for ep in episodes if ep.turn_rewards and ep.env_error is None]
+        if not scored:
+            break
+        try:
+            values = _call_reward_func(fn, name, scored)
+        except Exception as err:
+            if on_error == "raise":
+                raise RewardFunctionError(
+                    f"reward function {name!r} failed on {len(scored)} episodes: {type(err).__name__}: {err}. Fix it, or "
+                    "set reward_func_errors='mark' to end the episodes of such a call as env errors and train on."
+                ) from err
+            for ep in scored:
+                ep.env_error, ep.done = f"reward_func {name}: {type(err).__name__}: {err}"[:500], True
+            continue
+        finite = []
+        for ep, value in zip(scored, values):
+            if math.isfinite(value):
+                ep.turn_rewards[-1] += value
+                finite.append(value)
+            else:
+                ep.env_error, ep.done = f"reward_func {name}: non-finite reward {value!r}", True
+        if finite:
+            means[name] = sum(finite) / len(finite)
+    return means
+
+
+def _call_reward_func(fn, name: str, scored) -> list[float]:
+    """One reward per episode from ``fn`` (None counts 0), as floats; anything else raises."""
+    kwargs = {
+        "prompts": [ep.messages[:1] for ep in scored],
+        "completions": [ep.messages[1:] for ep in scored],
         "env_id": [ep.start.env_id for ep in scored],
         "seed": [ep.start.seed for ep in scored],
         "success": [ep.success for ep in scored],
         "env_reward": [ep.reward for ep in scored],
     }
-    for fn in reward_funcs:
-        values = [0.0 if v is None else float(v) for v in fn(prompts=prompts, completions=completions, **extra)]
-        if len(values) != len(scored):
-            raise ValueError(
-                f"reward function {fn.__name__} returned {len(values)} rewards for {len(scored)} episodes"
-            )
-        for ep, value in zip(scored, values):
-            ep.turn_rewards[-1] += value
-        means[fn.__name__] = sum(values) / len(values)
-    return means
+    values = [0.0 if v is None else float(v) for v in fn(**kwargs)]
+    if len(values) != len(scored):
+        raise ValueError(f"reward function {name} returned {len(values)} rewards for {len(scored)} episodes")
+    return values
 
 
 def env_reward(completions, episode_reward, **kwargs) -> list[float]:

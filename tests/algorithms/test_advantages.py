@@ -561,6 +561,47 @@ def test_reward_functions_add_to_the_last_turn_of_played_episodes():
     assert env_reward(["x", "y"], [1, 0.5]) == [1.0, 0.5] and all(type(r) is float for r in env_reward([], [True]))
 
 
+def test_a_nan_reward_is_an_env_error_and_a_raising_function_is_named_or_marked():
+    """Reward functions are treated as env rewards are (#45, item 5): a NaN or inf ends that episode as an env
+    error; a function that raises stops training naming it, or with on_error='mark' ends its episodes as errors."""
+    import math
+
+    from starpo_trl.algorithms.scoring import RewardFunctionError, add_function_rewards
+    from starpo_trl.rollout.engine import Episode, StartState
+
+    def episodes():
+        msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        return [Episode(StartState("starpo/Bandit-v0", s), [1], turn_rewards=[1.0], messages=msgs) for s in range(3)]
+
+    eps = episodes()
+    means = add_function_rewards(eps, [_named(lambda **kw: [0.5, math.nan, math.inf], "shaky")])
+    assert means == {"shaky": 0.5}  # over the episodes it scored with a number
+    assert [ep.turn_rewards for ep in eps] == [[1.5], [1.0], [1.0]]
+    assert [ep.env_error for ep in eps] == [
+        None,
+        "reward_func shaky: non-finite reward nan",
+        "reward_func shaky: non-finite reward inf",
+    ]
+    # a later function sees only the episodes still standing
+    seen = []
+    add_function_rewards(eps, [_named(lambda seed, **kw: seen.append(seed) or [0.0] * len(seed), "later")])
+    assert seen == [[0]]
+
+    def broken(**kw):
+        raise KeyError("score")
+
+    with pytest.raises(RewardFunctionError, match=r"reward function 'broken' failed on 3 episodes: KeyError: 'score'"):
+        add_function_rewards(episodes(), [broken])
+    marked = episodes()
+    assert add_function_rewards(marked, [broken, _named(lambda **kw: [1.0] * 3, "ok")], on_error="mark") == {}
+    assert [ep.env_error for ep in marked] == ["reward_func broken: KeyError: 'score'"] * 3
+    assert [ep.turn_rewards for ep in marked] == [[1.0]] * 3
+    with pytest.raises(RewardFunctionError, match="returned 'a lot'|could not convert"):
+        add_function_rewards(episodes(), [_named(lambda **kw: ["a lot"] * 3, "wordy")])
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        add_function_rewards(episodes(), [], on_error="ignore")
+
+
 def _named(fn, name):
     fn.__name__ = name
     return fn

@@ -214,3 +214,40 @@ def test_a_trl_environment_class_with_the_critic(tmp_path, tool_tokenizer, fresh
     assert any((a != b).any() for a, b in zip(start, trainer.critic.trainable_parameters()))  # the critic learned
     logged = {k for row in trainer.state.log_history for k in row}
     assert {"critic/value_loss", "advantages/std", "rollout/kept_fraction"} <= logged
+
+
+def test_a_nan_or_raising_reward_function_in_training(tmp_path, tool_tokenizer, fresh_model):
+    """A NaN from a reward function is a counted env error, its mean over the numbers (not None); a raising one
+    stops train() naming it, unless reward_func_errors='mark' (#45, item 5)."""
+    import math
+
+    env_id = register_trl_environment(Counter)
+    end = tool_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    fresh_model.generation_config.eos_token_id = end
+
+    def half_nan(completions, seed, **kwargs):
+        return [math.nan if i % 2 else 0.5 for i in range(len(seed))]
+
+    def broken(**kwargs):
+        raise KeyError("score")
+
+    def trainer_with(funcs, **kw):
+        backend = ScriptedBackend(tool_tokenizer, lambda c, i: call(step=3) if c == 0 else "done", end)
+        args = make_args(
+            tmp_path, env_id=env_id, action_format="tool_call", max_turns=3, max_tokens_per_turn=160, max_steps=1, **kw
+        )
+        return MultiTurnStarPOTrainer(
+            fresh_model, args, processing_class=tool_tokenizer, backend=backend, reward_funcs=funcs
+        )
+
+    trainer = trainer_with([half_nan])
+    trainer.train()
+    (row,) = [r for r in trainer.state.log_history if "rewards/half_nan/mean" in r]
+    assert row["rewards/half_nan/mean"] == 0.5 and row["env/errors"] == 8.0
+    with pytest.raises(ValueError, match="reward function 'broken' failed on 16 episodes: KeyError"):
+        trainer_with([broken]).train()
+    marked = trainer_with([broken], reward_func_errors="mark")
+    marked.train()  # every episode an env error: the step trains on nothing, training goes on
+    assert [r["env/errors"] for r in marked.state.log_history if "env/errors" in r] == [16.0]
+    with pytest.raises(ValueError, match="reward_func_errors must be one of"):
+        make_args(tmp_path, reward_func_errors="ignore")
