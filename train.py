@@ -22,7 +22,7 @@ from envs.contract import env_name
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.algorithms import critic_estimators, get_estimator
 from starpo_trl.checkpoints import save_model_extras
-from starpo_trl.config import RunArguments
+from starpo_trl.config import RunArguments, rollout_config
 from starpo_trl.models import TinyModelArguments, load_model_and_tokenizer, weights_digest
 from starpo_trl.monitoring.plotting import plot_curves, plot_dashboard
 from starpo_trl.warm_start import check_expert_thought, warm_start_from_config
@@ -274,7 +274,7 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     check_run(run_args, args)
     check_warm_start(run_args, args, model_args)
     model, tokenizer = load_model_and_tokenizer(
-        model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code
+        model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code, rollout=rollout_config(args)
     )
     value_model = None if run_args.critic_init == "policy" else run_args.critic_init
     if run_args.critic_init == "pre_warm_start":

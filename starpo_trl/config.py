@@ -352,7 +352,9 @@ class StarPOConfig(GRPOConfig):
     )
     reward_func_errors: str = field(
         default="raise",
-        metadata={"help": "A reward function that raises: raise (stop, naming it) or mark (its episodes end as env errors)."},
+        metadata={
+            "help": "A reward function that raises: raise (stop, naming it) or mark (its episodes end as env errors)."
+        },
     )
     vllm_lora_sync: bool = field(
         default=False, metadata={"help": "LoRA + vLLM colocate: push only the adapter to vLLM each step."}
@@ -573,7 +575,9 @@ class StarPOConfig(GRPOConfig):
             self._check_mirror_seeds()
             self._check_format_instruction()
         if self.reward_func_errors not in REWARD_FUNC_ERRORS:
-            raise ValueError(f"reward_func_errors must be one of {REWARD_FUNC_ERRORS}, got {self.reward_func_errors!r}")
+            raise ValueError(
+                f"reward_func_errors must be one of {REWARD_FUNC_ERRORS}, got {self.reward_func_errors!r}"
+            )
         if self.env_error_policy not in ("exclude", "failure_reward"):
             raise ValueError(f"env_error_policy must be 'exclude' or 'failure_reward', got {self.env_error_policy!r}")
         from starpo_trl.rollout.env_runner import RUNNERS

@@ -18,11 +18,16 @@ class TinyModelArguments:
 
 
 def load_model_and_tokenizer(
-    model_args, tiny_args: TinyModelArguments | None = None, seed: int = 0, trust_remote_code: bool = False
+    model_args,
+    tiny_args: TinyModelArguments | None = None,
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    rollout=None,
 ):
     """``model_args`` is TRL's ``ModelConfig``; ``model_name_or_path="tiny"`` builds the offline tiny model.
 
-    The tokenizer loads first and its chat template is checked before the weights load."""
+    The tokenizer loads first and its chat template is checked before the weights load: against
+    ``rollout`` (a ``RolloutConfig``: reply prefix, tool calls) when given, else the default episode settings."""
     name = model_args.model_name_or_path
     if name is None:
         raise ValueError(
@@ -42,7 +47,7 @@ def load_model_and_tokenizer(
     tokenizer = AutoTokenizer.from_pretrained(
         name, revision=model_args.model_revision, trust_remote_code=trust_remote_code
     )
-    check_chat_template(tokenizer, name, model_args)  # before the (large) weights load
+    check_chat_template(tokenizer, name, model_args, rollout)  # before the (large) weights load
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
     kwargs = dict(revision=model_args.model_revision, trust_remote_code=trust_remote_code, dtype=dtype)
     if model_args.attn_implementation:
@@ -64,17 +69,19 @@ def eos_token_ids(tokenizer, generation_eos=None) -> list[int]:
     return [tokenizer.eos_token_id] + [e for e in extra if e is not None and e != tokenizer.eos_token_id]
 
 
-def check_chat_template(tokenizer, name: str, model_args) -> None:
-    """Refuse a chat template the episode engine cannot extend token-exactly (see ``ChatFormat``)."""
+def check_chat_template(tokenizer, name: str, model_args, rollout=None) -> None:
+    """Refuse a chat template the episode engine cannot use with ``rollout``'s settings (a ``RolloutConfig``;
+    default settings when None): see ``check_tokenizer``."""
     from transformers import GenerationConfig
 
-    from starpo_trl.rollout import ChatFormat
+    from starpo_trl.rollout import RolloutConfig
+    from starpo_trl.rollout.engine import check_tokenizer
 
     try:
         generation_eos = GenerationConfig.from_pretrained(name, revision=model_args.model_revision).eos_token_id
     except OSError:  # no generation_config.json: the tokenizer's eos is all there is
         generation_eos = None
-    ChatFormat(tokenizer, eos_token_ids(tokenizer, generation_eos))
+    check_tokenizer(tokenizer, eos_token_ids(tokenizer, generation_eos), rollout or RolloutConfig())
 
 
 def weights_digest(model) -> str:

@@ -196,6 +196,32 @@ class Rollout(list):
         self.timings = timings if timings is not None else {"generate": 0.0, "env": 0.0}
 
 
+def check_tokenizer(tokenizer, eos_token_ids, config: RolloutConfig, system_prompt: str | None = None) -> ChatFormat:
+    """What the engine needs of the tokenizer alone, checked before any weights load (``load_model_and_tokenizer``)
+    and again when an engine is built: the chat template extends token-exactly with the reply prefix
+    (``ChatFormat``), and with ``action_format='tool_call'`` it renders tool calls. Returns the ``ChatFormat``."""
+    check_instruction_template(config.format_instruction)
+    reply_prefix = config.prefix_text()
+    chat = ChatFormat(tokenizer, list(eos_token_ids), system_prompt, reply_prefix=reply_prefix)
+    if config.action_format not in ("answer_tags", "tool_call"):
+        raise ValueError(f"action_format must be 'answer_tags' or 'tool_call', got {config.action_format!r}")
+    if config.action_format == "tool_call":
+        from trl.chat_template_utils import supports_tool_calling
+
+        if not supports_tool_calling(tokenizer):
+            raise ValueError(
+                "action_format='tool_call' needs a chat template that renders tool calls and tool results "
+                "(Qwen2.5/3, Llama 3.1, ...); this tokenizer's does not. Use action_format='answer_tags'."
+            )
+        if config.window_turns() is not None:
+            raise ValueError("action_format='tool_call' keeps the whole history: use context_window='full'.")
+        if reply_prefix:
+            raise ValueError(
+                "reply_prefix opens <think>/<answer> replies: leave it empty with action_format='tool_call'."
+            )
+    return chat
+
+
 class RolloutEngine:
     """Plays episodes with a generation backend: ``run(starts, temperature, backend=...)``.
 
@@ -219,25 +245,8 @@ class RolloutEngine:
         self.backend = backend
         self.config = config
         self.eos_token_ids = list(eos_token_ids)
-        check_instruction_template(config.format_instruction)
         self.reply_prefix = config.prefix_text()
-        self.chat = ChatFormat(tokenizer, self.eos_token_ids, system_prompt, reply_prefix=self.reply_prefix)
-        if config.action_format not in ("answer_tags", "tool_call"):
-            raise ValueError(f"action_format must be 'answer_tags' or 'tool_call', got {config.action_format!r}")
-        if config.action_format == "tool_call":
-            from trl.chat_template_utils import supports_tool_calling
-
-            if not supports_tool_calling(tokenizer):
-                raise ValueError(
-                    "action_format='tool_call' needs a chat template that renders tool calls and tool results "
-                    "(Qwen2.5/3, Llama 3.1, ...); this tokenizer's does not. Use action_format='answer_tags'."
-                )
-            if config.window_turns() is not None:
-                raise ValueError("action_format='tool_call' keeps the whole history: use context_window='full'.")
-            if self.reply_prefix:
-                raise ValueError(
-                    "reply_prefix opens <think>/<answer> replies: leave it empty with action_format='tool_call'."
-                )
+        self.chat = check_tokenizer(tokenizer, self.eos_token_ids, config, system_prompt)
         self.runner = EnvRunner(config.runner_mode(), config.env_step_timeout)
 
     def _open(self, start: StartState):
