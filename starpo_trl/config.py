@@ -729,6 +729,17 @@ class StarPOConfig(GRPOConfig):
                 raise ValueError(
                     f"rollout_filter_ratio={value} with top_k_abs is the number of groups kept: use a whole number >= 1."
                 )
+            ranked = (
+                split_groups(self.train_envs(), self.num_start_states)
+                if self.env_configs is not None and self.rollout_filter_scope == "per_env"
+                else [self.num_start_states]
+            )
+            if value > max(ranked):
+                raise ValueError(
+                    f"rollout_filter_ratio={value:g} with top_k_abs keeps that many groups, but the filter ranks "
+                    f"{max(ranked)} at most ({'per env: ' + str(ranked) if len(ranked) > 1 else 'num_start_states'}): "
+                    "give at most that many (or rollout_filter_ratio=1.0 with top_k to keep every group)."
+                )
         elif not 0.0 < value <= 1.0:
             raise ValueError(
                 f"rollout_filter_ratio={value} keeps no group: with {strategy} use a value in (0, 1] "

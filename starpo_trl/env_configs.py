@@ -37,7 +37,10 @@ class EnvConfig:
 
 
 def parse_env_configs(value, setting: str) -> list[EnvConfig]:
-    """A list of env-config dicts (or its JSON string) as ``EnvConfig``s, each checked for its keys."""
+    """A list of env-config dicts (or its JSON string) as ``EnvConfig``s, each checked for its keys and their
+    types; ``n_groups`` is a training setting (refused in ``eval_env_configs``); a ``name`` is a metric-key
+    part (text without ``/``)."""
+    held_out = setting.startswith("eval")
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -49,20 +52,37 @@ def parse_env_configs(value, setting: str) -> list[EnvConfig]:
         )
     out = []
     for i, entry in enumerate(value):
-        if not isinstance(entry, dict) or "env_id" not in entry:
-            raise ValueError(f"{setting}[{i}] must be a dict with an env_id, got {entry!r}")
+        if not isinstance(entry, dict) or not isinstance(entry.get("env_id"), str):
+            raise ValueError(f"{setting}[{i}] must be a dict with an env_id (text), got {entry!r}")
         unknown = set(entry) - {"env_id", "env_kwargs", "n_groups", "name"}
         if unknown:
             raise ValueError(
                 f"{setting}[{i}] has unknown keys {sorted(unknown)}: use env_id, env_kwargs, n_groups, name"
             )
+        if held_out and entry.get("n_groups") is not None:
+            raise ValueError(
+                f"{setting}[{i}] sets n_groups, which splits training steps between envs; each held-out env plays "
+                "num_eval_episodes episodes: remove it."
+            )
         kwargs = entry.get("env_kwargs") or {}
         if isinstance(kwargs, str):
-            kwargs = json.loads(kwargs)
+            try:
+                kwargs = json.loads(kwargs)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{setting}[{i}].env_kwargs is not a JSON object: {err}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError(
+                f'{setting}[{i}].env_kwargs must be a dict of keyword arguments such as {{"is_slippery": false}}, got {kwargs!r}'
+            )
         n = entry.get("n_groups")
-        if n is not None and (not isinstance(n, int) or n < 1):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"{setting}[{i}].n_groups must be a whole number >= 1, got {n!r}")
-        out.append(EnvConfig(entry["env_id"], dict(kwargs), n, entry.get("name") or env_name(entry["env_id"])))
+        name = entry.get("name")
+        if name is not None and (not isinstance(name, str) or not name or "/" in name):
+            raise ValueError(
+                f"{setting}[{i}].name={name!r}: give a non-empty text without '/' (metrics are logged as env/<name>/...)"
+            )
+        out.append(EnvConfig(entry["env_id"], dict(kwargs), n, name or env_name(entry["env_id"])))
     names = [c.name for c in out]
     if len(set(names)) != len(names):
         raise ValueError(f"{setting} names its envs {names}: give entries with the same env_id distinct 'name's")

@@ -58,6 +58,43 @@ def test_parse_and_split():
         parse_env_configs([{**BANDIT, "n_groups": 0}], "env_configs")
 
 
+def test_malformed_entries_are_refused_saying_what_to_change(tmp_path):
+    """Each of these gave a TypeError deep inside, or was accepted (#45, item 9)."""
+    cases = [
+        ([{**BANDIT, "env_kwargs": [1, 2]}], "env_configs", r"env_configs\[0\].env_kwargs must be a dict"),
+        ([{**BANDIT, "env_kwargs": "[1, 2]"}], "env_configs", r"env_configs\[0\].env_kwargs must be a dict"),
+        ([{**BANDIT, "env_kwargs": "{oops"}], "env_configs", r"env_configs\[0\].env_kwargs is not a JSON object"),
+        ([{"env_id": 7}], "env_configs", r"must be a dict with an env_id \(text\)"),
+        ([{**BANDIT, "n_groups": True}], "env_configs", "n_groups must be a whole number"),
+        ([{**BANDIT, "n_groups": 2}], "eval_env_configs", r"eval_env_configs\[0\] sets n_groups"),
+        ([{**BANDIT, "name": 3}], "eval_env_configs", r"eval_env_configs\[0\].name=3: give a non-empty text"),
+        ([{**BANDIT, "name": "a/b"}], "eval_env_configs", r"name='a/b': give a non-empty text without '/'"),
+        ([{**BANDIT, "name": ""}], "env_configs", "give a non-empty text"),
+    ]
+    for value, setting, message in cases:
+        with pytest.raises(ValueError, match=message):
+            parse_env_configs(value, setting)
+    with pytest.raises(ValueError, match="env_kwargs must be a dict"):
+        make_args(tmp_path, env_id=None, env_configs=[{**BANDIT, "env_kwargs": [1, 2]}])
+    with pytest.raises(ValueError, match="sets n_groups"):
+        make_args(tmp_path, eval_env_configs=[{**BANDIT, "n_groups": 2}])
+    # n_groups None (as a saved config writes it) is not a setting
+    assert parse_env_configs([{**BANDIT, "n_groups": None}], "eval_env_configs")[0].n_groups is None
+
+
+def test_top_k_abs_above_the_groups_it_ranks_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="keeps that many groups, but the filter ranks 4 at most"):
+        make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_ratio=5, loss_type="dapo")
+    assert make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_ratio=4).fixed_kept_groups() == 4
+    per_env = dict(env_id=None, env_configs=[{**BANDIT, "n_groups": 1}, {**LAKE, "n_groups": 3}])
+    with pytest.raises(ValueError, match=r"ranks 3 at most \(per env: \[1, 3\]\)"):
+        make_args(tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_ratio=4, loss_type="dapo", **per_env)
+    kept = make_args(
+        tmp_path, rollout_filter_strategy="top_k_abs", rollout_filter_ratio=2, loss_type="dapo", **per_env
+    )
+    assert kept.fixed_kept_groups() == 3  # 1 of Bandit's 1, 2 of FrozenLake's 3
+
+
 def test_config_checks_env_configs(tmp_path):
     with pytest.raises(ValueError, match="not both"):
         make_args(tmp_path, env_configs=[BANDIT])
