@@ -21,16 +21,19 @@ def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> d
     """Success, action rates, turns and reward statistics over a list of episodes.
 
     With ``group_size`` (episodes grouped consecutively by start state) also pass@k over each group
-    and in-group reward std (mean, max, fraction of groups with zero std).
+    and in-group reward std (mean, max, fraction of groups with zero std). Episodes whose env failed
+    (``env_error``: at reset, in a step, a non-finite reward) count in ``env_errors`` and as not solved,
+    and are left out of every reward statistic (a group's std is over its played episodes, groups with
+    fewer than two left out); with none played the reward keys are absent.
     """
     if not episodes:
         return {}
-    rewards = np.array([ep.reward for ep in episodes], dtype=float)
+    played = np.array([ep.env_error is None for ep in episodes])
+    rewards = np.array([ep.reward if ok else np.nan for ep, ok in zip(episodes, played)], dtype=float)
     actions = sum(ep.num_actions for ep in episodes)
     metrics = {
         "success": float(np.mean([ep.success for ep in episodes])),
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()),
+        **({"reward_mean": float(np.nanmean(rewards)), "reward_std": float(np.nanstd(rewards))} if played.any() else {}),
         "turns": float(np.mean([ep.num_turns for ep in episodes])),
         "actions": float(np.mean([ep.num_actions for ep in episodes])),
         "valid_action_rate": sum(ep.num_valid_actions for ep in episodes) / actions if actions else 0.0,
@@ -38,20 +41,21 @@ def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> d
         "format_error_rate": sum(ep.num_format_errors for ep in episodes)
         / max(1, sum(ep.num_turns for ep in episodes)),
         "truncated": float(np.mean([ep.truncated for ep in episodes])),
-        "env_errors": float(sum(ep.env_error is not None for ep in episodes)),
+        "env_errors": float((~played).sum()),
     }
     if group_size and len(episodes) % group_size == 0 and group_size > 1:
-        grouped = rewards.reshape(-1, group_size)
-        stds = grouped.std(axis=1, ddof=1)
         success = np.array([ep.success for ep in episodes]).reshape(-1, group_size)
-        metrics.update(
-            {
-                f"pass@{group_size}": float(success.any(axis=1).mean()),
-                "group_reward_std_mean": float(stds.mean()),
-                "group_reward_std_max": float(stds.max()),
-                "frac_zero_std_groups": float(np.isclose(stds, 0.0).mean()),
-            }
-        )
+        metrics[f"pass@{group_size}"] = float(success.any(axis=1).mean())
+        groups = [row[~np.isnan(row)] for row in rewards.reshape(-1, group_size)]
+        stds = np.array([g.std(ddof=1) for g in groups if len(g) > 1])
+        if len(stds):
+            metrics.update(
+                {
+                    "group_reward_std_mean": float(stds.mean()),
+                    "group_reward_std_max": float(stds.max()),
+                    "frac_zero_std_groups": float(np.isclose(stds, 0.0).mean()),
+                }
+            )
     return metrics
 
 
