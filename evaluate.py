@@ -113,9 +113,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--env_kwargs", help="JSON object of kwargs for gymnasium.make (default: the model's eval_env_kwargs)"
     )
-    p.add_argument("--num_episodes", type=int)
-    p.add_argument("--seed_offset", type=int)
-    p.add_argument("--temperature", type=float)
+    # training's names (num_eval_episodes, eval_seed_offset, eval_temperature) are accepted too
+    p.add_argument("--num_episodes", "--num_eval_episodes", dest="num_episodes", type=int)
+    p.add_argument("--seed_offset", "--eval_seed_offset", dest="seed_offset", type=int)
+    p.add_argument("--temperature", "--eval_temperature", dest="temperature", type=float)
     for name, kind in (
         ("max_turns", int),
         ("max_actions_per_turn", int),
@@ -140,6 +141,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=256, help="episodes per engine call")
     p.add_argument("--output", help="write the metrics and settings here as JSON")
     p.add_argument("--save_episodes", help="write every episode here, one JSON object per line (JSON Lines)")
+    p.add_argument("--traceback", action="store_true", help="on a refused setting, show the whole traceback")
     return p
 
 
@@ -240,7 +242,9 @@ def main(argv=None) -> int:
     try:
         s = resolve(a)
     except ValueError as err:
-        print(f"evaluate.py: {err}", file=sys.stderr)
+        if a.traceback:
+            raise
+        print(f"evaluate.py: {err} (--traceback shows where)", file=sys.stderr)
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from trl import ModelConfig, TrlParser, get_peft_config
@@ -271,11 +272,14 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     # a home-relative model_name_or_path is expanded where models load (load_model_and_tokenizer)
     if run_args.critic_init.startswith("~"):
         run_args.critic_init = os.path.expanduser(run_args.critic_init)
-    check_run(run_args, args)
-    check_warm_start(run_args, args, model_args)
-    model, tokenizer = load_model_and_tokenizer(
-        model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code, rollout=rollout_config(args)
-    )
+    try:  # everything that can refuse the settings, before training starts
+        check_run(run_args, args)
+        check_warm_start(run_args, args, model_args)
+        model, tokenizer = load_model_and_tokenizer(
+            model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code, rollout=rollout_config(args)
+        )
+    except ValueError as err:
+        raise SettingsError(str(err)) from err
     value_model = None if run_args.critic_init == "policy" else run_args.critic_init
     if run_args.critic_init == "pre_warm_start":
         import copy
@@ -319,10 +323,42 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     return result
 
 
+# Choosing the envs on the command line replaces the recipe's choice: a flag on the left drops the recipe's keys on
+# the right (a recipe with env_id runs with --env_configs '[...]' instead, and the other way round).
+REPLACES = {
+    "env_configs": ("env_id", "env_kwargs"),
+    "env_id": ("env_configs",),
+    "eval_env_configs": ("eval_env_id", "eval_env_kwargs"),
+    "eval_env_id": ("eval_env_configs",),
+}
+
+
+class SettingsError(ValueError):
+    """A setting, a recipe or the model's chat template is refused before training starts."""
+
+
+class RecipeParser(TrlParser):
+    """TRL's parser (``--config RECIPE`` gives defaults, flags override them), where an env choice made with a flag
+    replaces the recipe's (``REPLACES``)."""
+
+    def parse_args_and_config(self, args=None, *rest, **kwargs):
+        given = list(sys.argv[1:] if args is None else args)
+        self._flags = {a[2:].split("=")[0] for a in given if a.startswith("--")}
+        return super().parse_args_and_config(given, *rest, **kwargs)
+
+    def set_defaults_with_config(self, **config):
+        for flag, replaced in REPLACES.items():
+            if flag in getattr(self, "_flags", ()):
+                for key in replaced:
+                    if key not in self._flags:
+                        config.pop(key, None)
+        return super().set_defaults_with_config(**config)
+
+
 def parser() -> TrlParser:
     """train.py's flags and recipe keys: ``parser().parse_args_and_config(args=["--config", RECIPE, *FLAGS])``
     gives the settings a run is made with."""
-    return TrlParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
+    return RecipeParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
 
 
 def cli(argv: list[str] | None = None) -> dict:
@@ -331,11 +367,31 @@ def cli(argv: list[str] | None = None) -> dict:
     gloo's worker threads can abort the process ("terminate called without an active exception")."""
     import torch.distributed as dist
 
-    result = main(*parser().parse_args_and_config(args=argv))
+    try:
+        parsed = parser().parse_args_and_config(args=argv)
+    except ValueError as err:
+        raise SettingsError(str(err)) from err
+    result = main(*parsed)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     return result
 
 
+def script(argv: list[str] | None = None) -> int:
+    """``python train.py``: a refused setting prints one line (``train.py: ...``) and exits with 2; ``--traceback``
+    shows the whole traceback instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    show = "--traceback" in argv
+    argv = [a for a in argv if a != "--traceback"]
+    try:
+        cli(argv)
+    except SettingsError as err:
+        if show:
+            raise
+        print(f"train.py: {err} (--traceback shows where)", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    cli()
+    sys.exit(script())

@@ -345,3 +345,70 @@ def test_the_script_ends_the_process_group_after_a_finished_run_only(tmp_path, m
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_train_prints_one_clean_line_for_a_refused_setting_and_the_traceback_on_request(tmp_path, capsys, monkeypatch):
+    """evaluate.py printed one line and train.py a full traceback for the same kind of error (#45, item 11)."""
+    import train
+
+    monkeypatch.setattr(
+        train, "load_model_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
+    )
+    argv = ["--model_name_or_path", "tiny", "--env_id", "starpo/Bandit-v0", "--output_dir", str(tmp_path / "out")]
+    assert train.script([*argv, "--max_turns", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: max_turns must be at least 1") and "Traceback" not in err and err.count("\n") == 1
+    assert train.script([*argv, "--critic_init", "./typo", "--advantage_estimator", "gae"]) == 2  # a check in main()
+    assert "no such model directory" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_turns must be at least 1"):
+        train.script([*argv, "--max_turns", "0", "--traceback"])
+
+
+def test_evaluate_takes_trainings_names_and_shows_the_traceback_on_request(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+
+    base = ["--model_name_or_path", str(tmp_path / "no-model"), "--env_id", "starpo/FrozenLake-v0"]
+    a = evaluate.parser().parse_args(
+        [*base, "--num_eval_episodes", "7", "--eval_seed_offset", "5", "--eval_temperature", "0.2"]
+    )
+    assert (a.num_episodes, a.seed_offset, a.temperature) == (7, 5, 0.2)
+    assert evaluate.main([*base, "--num_eval_episodes", "0"]) == 2
+    assert "--num_episodes must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at least 1"):
+        evaluate.main([*base, "--num_eval_episodes", "0", "--traceback"])
+
+
+def test_choosing_the_envs_on_the_command_line_replaces_the_recipes_choice(tmp_path):
+    """A recipe with env_id could not be switched to env_configs from the command line (#45, item 11)."""
+    import yaml
+
+    import train
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "env_id": "starpo/Bandit-v0",
+                "env_kwargs": {"expected_reward": True},
+                "eval_env_id": "starpo/BanditTest-v0",
+            }
+        )
+    )
+    base = ["--config", str(recipe), "--output_dir", str(tmp_path / "out"), "--num_start_states", "4"]
+    configs = '[{"env_id": "starpo/Bandit-v0"}, {"env_id": "starpo/FrozenLake-v0"}]'
+    _, args, _, _ = train.parser().parse_args_and_config(args=[*base, "--env_configs", configs])
+    assert [c.env_id for c in args.train_envs()] == ["starpo/Bandit-v0", "starpo/FrozenLake-v0"]
+    assert args.env_kwargs == {}  # the recipe's kwargs went with its env_id
+    held_out = '[{"env_id": "starpo/BanditTest-v0"}, {"env_id": "starpo/Bandit-v0"}]'
+    _, args, _, _ = train.parser().parse_args_and_config(args=[*base, "--eval_env_configs", held_out])
+    assert [c.env_id for c in args.eval_envs()] == ["starpo/BanditTest-v0", "starpo/Bandit-v0"]
+    # and back: a recipe with env_configs, --env_id on the command line
+    recipe.write_text(
+        yaml.safe_dump({"env_configs": [{"env_id": "starpo/Bandit-v0"}, {"env_id": "starpo/FrozenLake-v0"}]})
+    )
+    _, args, _, _ = train.parser().parse_args_and_config(args=[*base, "--env_id", "starpo/Sokoban-v0"])
+    assert args.env_configs is None and args.env_id == "starpo/Sokoban-v0"
+    # with both on the command line nothing is dropped: the pair is refused as before
+    with pytest.raises(ValueError, match="not both"):
+        train.parser().parse_args_and_config(args=[*base, "--env_id", "starpo/Sokoban-v0", "--env_configs", configs])
