@@ -276,7 +276,11 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
         check_run(run_args, args)
         check_warm_start(run_args, args, model_args)
         model, tokenizer = load_model_and_tokenizer(
-            model_args, tiny_args, seed=args.seed, trust_remote_code=args.trust_remote_code, rollout=rollout_config(args)
+            model_args,
+            tiny_args,
+            seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
+            rollout=rollout_config(args),
         )
     except ValueError as err:
         raise SettingsError(str(err)) from err

@@ -330,6 +330,7 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
                         "collapse/mi_estimate",
                         "collapse/mi_estimate_per_token",
                         "collapse/mi_zscore",
+                        "collapse/own_input_zscore",
                     )
                 }
                 for r in mi_rows

@@ -659,11 +659,13 @@ def collapse_real_lines(r: dict) -> list[str]:
         ]
         lines.append("")
     lines += [
-        "| step | retrieval accuracy | chance | I(X;Z) nats | I(X;Z) per token | MI z-score |",
+        "| step | retrieval accuracy | chance | I(X;Z) nats | I(X;Z) per token | own-input z-score |",
         "|---|---|---|---|---|---|",
     ]
     for m in r["mi_passes"]:
-        z, per_token = m.get("collapse/mi_zscore"), m.get("collapse/mi_estimate_per_token")
+        # entries stored before RAGEN's mi_zscore took that key hold the own-input z-score under it
+        z = m["collapse/own_input_zscore"] if "collapse/own_input_zscore" in m else m.get("collapse/mi_zscore")
+        per_token = m.get("collapse/mi_estimate_per_token")
         lines.append(
             f"| {m['step']} | {m['collapse/retrieval_accuracy']:.3f} | {m['collapse/retrieval_chance']:.3f} | "
             f"{m['collapse/mi_estimate']:.3f} | {'' if per_token is None else f'{per_token:.3f}'} | "

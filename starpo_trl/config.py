@@ -172,8 +172,10 @@ class StarPOConfig(GRPOConfig):
             (`linear`: best first until the cumulative score reaches `ratio * sum - rollout_filter_eps`;
             `softmax`: until the softmax mass reaches `ratio`), `min_p` (score >= `ratio` x the best).
         rollout_filter_ratio (`float`, 0.25): the strategy's value. With `top_k`, 1.0 keeps all (plain GRPO).
-        rollout_filter_metric (`str`, `"std"`): the group score, on raw rewards: `std` or
-            `reward_variance` of the in-group reward, `mean` reward, `entropy` (mean -log p of the
+        rollout_filter_metric (`str`, `"std"`): the group score, on raw rewards: `std` of the in-group
+            reward; `reward_variance`, RAGEN's name, computed as RAGEN's code does (the in-group std: the
+            same as `std`); `variance` (the std squared: ranks as `std`, but shares of the total differ for
+            linear `top_p` and `min_p`); `mean` reward, `entropy` (mean -log p of the
             sampled model tokens), `length` (model tokens per episode); `none` keeps every group;
             `std_rev` is `std` with `smallest`. RAGEN's current recommendation: `reward_variance`,
             `top_p` 0.9 `linear`, `rollout_filter_include_zero=False` (`recipes/sokoban-qwen2.5-0.5b-ragen2.yaml`).
@@ -366,7 +368,9 @@ class StarPOConfig(GRPOConfig):
     rollout_filter_strategy: str = field(default="top_k", metadata={"help": "top_k, top_k_abs, top_p or min_p."})
     rollout_filter_metric: str = field(
         default="std",
-        metadata={"help": "Group score: std, reward_variance, mean, entropy, length (or std_rev, none)."},
+        metadata={
+            "help": "Group score: std, reward_variance (RAGEN's: the std), variance, mean, entropy, length (or std_rev, none)."
+        },
     )
     rollout_filter_type: str = field(default="largest", metadata={"help": "Keep the largest or smallest scores."})
     rollout_filter_include_zero: bool = field(default=True, metadata={"help": "False never keeps zero-score groups."})

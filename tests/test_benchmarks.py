@@ -341,7 +341,8 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
                     "collapse/retrieval_chance": 0.25,
                     "collapse/mi_estimate": 0.5 if step <= 10 else 0.0,
                     "collapse/mi_estimate_per_token": 0.125 if step <= 10 else 0.0,
-                    "collapse/mi_zscore": 1.5,
+                    "collapse/mi_zscore": 9.0,  # RAGEN's statistic: not this table's column
+                    "collapse/own_input_zscore": 1.5,
                     "collapse/mi_seconds": 3.0,
                 }
             )

@@ -1,7 +1,8 @@
 """The StarPO-S rollout filter: which groups (start states) a step trains on.
 
 Two pure steps. ``group_scores`` gives each group a score: its in-group reward ``std`` (the paper's
-StarPO-S) or ``reward_variance`` (RAGEN's current default), its ``mean`` reward, its mean per-token
+StarPO-S), ``reward_variance`` (RAGEN's current default under RAGEN's name, computed as RAGEN's code does:
+the in-group **std**, the same as ``std``), ``variance`` (the std squared), its ``mean`` reward, its mean per-token
 ``entropy`` (estimated from the sampling logprobs: the mean of ``-log p`` over the sampled model
 tokens, an unbiased estimate of the policy's entropy along the episode; no extra forward pass) or
 its mean ``length`` (model tokens per episode). ``select_groups`` then keeps groups by a strategy:
@@ -16,7 +17,7 @@ its mean ``length`` (model tokens per episode). ``select_groups`` then keeps gro
   lowest score divided by ``value``).
 
 ``largest`` (default) ranks high scores first, ``smallest`` low ones. With ``include_zero=False`` a
-zero-score group (for ``std`` / ``reward_variance``: every episode earned the same reward) is never kept;
+zero-score group (for ``std`` / ``reward_variance`` / ``variance``: every episode earned the same reward) is never kept;
 ``top_p >= 1`` keeps every candidate. Ties keep the earlier group. A group whose every episode
 failed (NaN score) is dropped by ``top_p`` / ``min_p`` and ranked last by ``top_k`` /
 ``top_k_abs`` (which keep a fixed count). ``top_p`` ``linear`` and ``min_p`` need non-negative scores.
@@ -30,7 +31,7 @@ import torch
 
 from starpo_trl.algorithms.stats import constant_groups, group_std
 
-GROUP_METRICS = ("std", "reward_variance", "mean", "entropy", "length")
+GROUP_METRICS = ("std", "reward_variance", "variance", "mean", "entropy", "length")
 STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
 TOP_P_MODES = ("linear", "softmax")
 
@@ -50,11 +51,12 @@ def group_scores(
     """Each group's score. ``rewards`` (N,) raw episode rewards, NaN for a failed episode (left out of
     every statistic); ``entropies`` / ``lengths`` (N,) per episode, needed by those metrics. -> (N / G,)."""
     view = rewards.float().view(-1, group_size)
-    if metric in ("std", "reward_variance"):
+    if metric in ("std", "reward_variance", "variance"):
         std = group_std(rewards.float(), group_size)
         constant = constant_groups(view).squeeze(1) & ~torch.isnan(view).all(dim=1)
         std = torch.where(constant, torch.zeros_like(std), std)  # exactly zero, not rounding noise
-        return std if metric == "std" else std * std
+        # RAGEN's reward_variance ranks by the in-group std (RolloutFilter: rm_scores.std(dim=-1)), despite its name
+        return std * std if metric == "variance" else std
     if metric == "mean":
         return torch.nanmean(view, dim=1)
     if metric in ("entropy", "length"):
@@ -117,7 +119,7 @@ def _non_negative(scores: torch.Tensor, what: str) -> None:
     if (scores < 0).any():
         raise ValueError(
             f"{what} compares shares of the scores, which must be non-negative (got {scores.min().item():.4g}): "
-            "use a metric that is (std, reward_variance, entropy, length) or the top_k / softmax top_p strategies."
+            "use a metric that is (std, reward_variance, variance, entropy, length) or the top_k / softmax top_p strategies."
         )
 
 

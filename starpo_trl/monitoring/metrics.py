@@ -33,7 +33,11 @@ def episode_metrics(episodes: list[Episode], group_size: int | None = None) -> d
     actions = sum(ep.num_actions for ep in episodes)
     metrics = {
         "success": float(np.mean([ep.success for ep in episodes])),
-        **({"reward_mean": float(np.nanmean(rewards)), "reward_std": float(np.nanstd(rewards))} if played.any() else {}),
+        **(
+            {"reward_mean": float(np.nanmean(rewards)), "reward_std": float(np.nanstd(rewards))}
+            if played.any()
+            else {}
+        ),
         "turns": float(np.mean([ep.num_turns for ep in episodes])),
         "actions": float(np.mean([ep.num_actions for ep in episodes])),
         "valid_action_rate": sum(ep.num_valid_actions for ep in episodes) / actions if actions else 0.0,

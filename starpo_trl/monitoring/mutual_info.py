@@ -11,12 +11,15 @@ forcing, ``l_j(z_i) = log p(z_i | x_j)``, and from that matrix (``mi_statistics`
 - ``reasoning_entropy`` H(Z) = -mean_i log((1/N) sum_j exp l_j(z_i)) (the inputs as a uniform mixture);
 - ``mi_estimate`` I(X;Z) = H(Z) - H(Z|X), at most log N (``mi_upper_bound``) for N distinct inputs;
 - ``retrieval_accuracy``: the share of reasonings whose own input scores them highest (chance 1/N);
-- ``mi_zscore``: per reasoning, how many standard deviations its own input's score lies above the
-  other inputs' scores, averaged.
+- ``own_input_zscore``: per reasoning, how many standard deviations its own input's score lies above
+  the other inputs' scores, averaged (N > 2);
+- ``mi_zscore`` / ``mi_zscore_seq``: RAGEN's statistic under RAGEN's names, the mean over reasonings of
+  (own-input score - mixture score) / (population std of the mixture scores + 1e-3), on per-token
+  scores / on per-reasoning sums (``marginal_std`` / ``marginal_std_seq``: that std).
 
-All in nats per reasoning (sums over its tokens); ``*_per_token`` divides each score by the
-reasoning's length first. A policy whose reasoning ignores its input has I = 0, retrieval at chance
-and z-score 0, whatever its entropy.
+All in nats per reasoning (sums over its tokens) unless named ``*_per_token`` (each score divided by
+the reasoning's length first) or said otherwise above. A policy whose reasoning ignores its input has
+I = 0, retrieval at chance and z-scores 0, whatever its entropy.
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ MI_KEYS = (
     "mi_upper_bound",
     "retrieval_accuracy",
     "retrieval_chance",
+    "own_input_zscore",
     "mi_zscore",
+    "mi_zscore_seq",
+    "marginal_std",
+    "marginal_std_seq",
     "mi_estimate_per_token",
     "conditional_entropy_per_token",
     "reasoning_entropy_per_token",
-    "retrieval_accuracy_per_token",
-    "mi_zscore_per_token",
     "num_inputs",
     "num_reasonings",
 )

@@ -19,9 +19,12 @@ from starpo_trl.algorithms.critic_targets import CriticTargets
 from starpo_trl.algorithms.scoring import Scored
 from starpo_trl.algorithms.value_model import explained_variance
 from starpo_trl.monitoring.metrics import critic_metrics, rollout_metrics
+from starpo_trl.monitoring.mi_statistics import ragen_zscore_ema
 from starpo_trl.monitoring.mutual_info import EMANormalizer, mi_metrics
 from starpo_trl.rollout import Episode
 from starpo_trl.rollout.prompting import resolve_reply_prefix
+
+RAGEN_EMA_DECAY = 0.9  # RAGEN's ema_decay for the running std behind mi_zscore_ema
 
 
 class StepLog:
@@ -34,6 +37,7 @@ class StepLog:
         self.previous_thinks: list[str] | None = None
         self.kept_groups: list[dict] = []  # per training step: the groups kept, and every group's reward std
         self.mi_level = EMANormalizer()
+        self.marginal_std_ema: dict[str, float] = {}  # RAGEN's running std of the mixture scores (decay 0.9)
 
     def rollout(self, episodes: list[Episode], scored: Scored, timings: dict[str, float]) -> dict[str, float]:
         """``rollout_metrics`` of the whole gathered batch; remembers its reasoning for the next step."""
@@ -69,8 +73,9 @@ class StepLog:
         self, model, episodes: list[Episode], tokenizer, temperature: float, step: int, accelerator=None
     ) -> dict[str, float]:
         """``collapse/*``: the MI metrics (``mutual_info.mi_metrics``, collective with several processes)
-        on this process's ``episodes``, the seconds they took, and ``mi_zscore_ema``, the MI estimate
-        against its own running level."""
+        on this process's ``episodes``, the seconds they took, ``mi_estimate_running_z`` (the MI estimate
+        against its own running mean and std over steps) and RAGEN's ``mi_zscore_ema`` / ``mi_zscore_ema_seq``
+        (the MI estimate per token / per reasoning over the running mean of ``marginal_std`` + 1e-3)."""
         args = self.args
         started = time.perf_counter()
         stats = mi_metrics(
@@ -91,7 +96,19 @@ class StepLog:
         out = {"collapse/mi_seconds": time.perf_counter() - started}
         out.update({f"collapse/{key}": value for key, value in stats.items()})
         if "mi_estimate" in stats and math.isfinite(z := self.mi_level(stats["mi_estimate"])):
-            out["collapse/mi_zscore_ema"] = z
+            out["collapse/mi_estimate_running_z"] = z
+        for suffix, estimate, std in (
+            ("", "mi_estimate_per_token", "marginal_std"),
+            ("_seq", "mi_estimate", "marginal_std_seq"),
+        ):
+            if std in stats and estimate in stats:
+                previous = self.marginal_std_ema.get(std)
+                ema = (
+                    stats[std] if previous is None else RAGEN_EMA_DECAY * previous + (1 - RAGEN_EMA_DECAY) * stats[std]
+                )
+                self.marginal_std_ema[std] = ema
+                out[f"collapse/marginal_std_ema{suffix}"] = ema
+                out[f"collapse/mi_zscore_ema{suffix}"] = ragen_zscore_ema(stats[estimate], ema)
         return out
 
     def state_dict(self) -> dict:

@@ -659,7 +659,7 @@ def test_scoring_with_batch_scope_a_larger_eps_odd_row_counts_and_integer_reward
     assert scored.rewards.dtype == torch.float32 and math.isnan(scored.rewards[3])
     # eps: top_p 0.9 linear over variances 4/3 and 1/3 (sum 5/3): threshold 1.5 - eps; eps 0.01 (1.49) needs both
     # groups (4/3 = 1.33 < 1.49), eps 0.3 (1.2) the first alone
-    top_p = dict(rollout_filter_strategy="top_p", rollout_filter_ratio=0.9, rollout_filter_metric="reward_variance")
+    top_p = dict(rollout_filter_strategy="top_p", rollout_filter_ratio=0.9, rollout_filter_metric="variance")
     r = torch.tensor([0.0, 2.0, 0.0, 2.0, 1.0, 2.0, 1.0, 2.0])  # group 0: var 4/3, group 1: var 1/3
     assert filter_groups(r, 4, filter_settings(**top_p, rollout_filter_eps=0.01)).tolist() == [0, 1]
     assert filter_groups(r, 4, filter_settings(**top_p, rollout_filter_eps=0.3)).tolist() == [0]

@@ -21,7 +21,9 @@ def test_group_scores_by_hand():
     std = group_scores(REWARDS, 3, "std")
     assert std.tolist() == pytest.approx([0.0, 1.0, math.sqrt(3), math.sqrt(1 / 3)])
     assert std[0].item() == 0.0  # a constant group is exactly zero
-    assert group_scores(REWARDS, 3, "reward_variance").tolist() == pytest.approx([0.0, 1.0, 3.0, 1 / 3])
+    assert group_scores(REWARDS, 3, "variance").tolist() == pytest.approx([0.0, 1.0, 3.0, 1 / 3])
+    # RAGEN's reward_variance is the in-group std (its code: rm_scores.std(dim=-1)), bit for bit our std
+    assert torch.equal(group_scores(REWARDS, 3, "reward_variance"), std)
     assert group_scores(REWARDS, 3, "mean").tolist() == pytest.approx([0.0, 1.0, 1.0, 4 / 3])
     lengths = torch.tensor([10, 20, 30, 1, 1, 1, 5, 5, 5, 0, 0, 9], dtype=torch.float32)
     assert group_scores(REWARDS, 3, "length", lengths=lengths).tolist() == pytest.approx([20, 1, 5, 3])
@@ -63,7 +65,7 @@ def test_ties_keep_the_earlier_group_and_failed_groups_rank_last():
 
 
 def test_top_p_linear_by_hand():
-    var = group_scores(REWARDS, 3, "reward_variance")  # 0, 1, 3, 1/3: sorted 3, 1, 1/3, 0; sum 13/3
+    var = group_scores(REWARDS, 3, "variance")  # 0, 1, 3, 1/3: sorted 3, 1, 1/3, 0; sum 13/3
     # threshold 0.9 * 13/3 - 0.01 = 3.89: 3 < 3.89, 3 + 1 = 4 >= 3.89 -> two groups
     assert select_groups(var, "top_p", 0.9, include_zero=False).tolist() == [2, 1]
     # 0.95 * 13/3 - 0.01 = 4.107: needs the third (4 + 1/3 = 4.33)
@@ -116,7 +118,7 @@ def test_filter_groups_from_the_config_and_dealt_to_processes():
         0,
         3,
     ]
-    top_p = args(rollout_filter_strategy="top_p", rollout_filter_ratio=0.95, rollout_filter_metric="reward_variance")
+    top_p = args(rollout_filter_strategy="top_p", rollout_filter_ratio=0.95, rollout_filter_metric="variance")
     assert filter_groups(REWARDS, 3, top_p).tolist() == [1, 2, 3]
     # 3 groups of 3 rows = 9 rows do not divide between 2 processes: the lowest-ranked (3) is dropped
     assert filter_groups(REWARDS, 3, top_p, num_processes=2).tolist() == [1, 2]
@@ -162,7 +164,7 @@ def test_per_env_quota_and_global_ranking_by_hand():
     top_p = args(
         rollout_filter_strategy="top_p",
         rollout_filter_ratio=0.9,
-        rollout_filter_metric="reward_variance",
+        rollout_filter_metric="variance",
         rollout_filter_include_zero=False,
     )
     assert filter_groups(REWARDS, 3, top_p, group_env=envs).tolist() == [1, 2]
@@ -207,7 +209,7 @@ def test_filter_errors_say_what_to_change():
         select_groups(torch.tensor([-1.0, 2.0]), "min_p", 0.5)
     with pytest.raises(
         ValueError,
-        match=r"^top_p linear compares shares.*\(std, reward_variance, entropy, length\) or the top_k / softmax top_p strategies\.$",
+        match=r"^top_p linear compares shares.*\(std, reward_variance, variance, entropy, length\) or the top_k / softmax top_p strategies\.$",
     ):
         select_groups(torch.tensor([-1.0, 2.0]), "top_p", 0.5)
     with pytest.raises(
@@ -218,3 +220,49 @@ def test_filter_errors_say_what_to_change():
         ValueError, match=r"rollout_filter_top_p_mode must be one of \('linear', 'softmax'\), got 'cubic'"
     ):
         select_groups(torch.tensor([1.0, 2.0]), "top_p", 0.5, top_p_mode="cubic")
+
+
+def ragen_top_p_linear(rewards: torch.Tensor, num_groups: int, p: float, eps: float) -> list[int]:
+    """RAGEN's selection for its recommended setting, written from its code (mll-lab-nu/RAGEN,
+    ragen/trainer/rollout_filter.py: RewardRolloutFilter with metric reward_variance, strategy top_p, linear
+    mode, include_zero False): score = torch std of each group's rewards; drop |score| <= 1e-10; sort
+    descending; add scores while the sum is below p * total - eps (stopping at a score <= 0); keep them if
+    the sum reached the threshold, else none."""
+    scores = rewards.view(num_groups, -1).std(dim=-1)
+    indices = torch.arange(num_groups)
+    nonzero = scores.abs() > 1e-10
+    scores, indices = scores[nonzero], indices[nonzero]
+    if not len(indices):
+        return []
+    ordered, order = torch.sort(scores, descending=True, stable=True)
+    threshold, total, count = p * scores.sum() - eps, 0.0, 0
+    for score in ordered:
+        if total >= threshold or score.item() <= 0:
+            break
+        total += score.item()
+        count += 1
+    return sorted(indices[order[:count]].tolist()) if total >= threshold else []
+
+
+def test_the_ragen2_recipe_keeps_the_groups_ragen_keeps():
+    """recipes/sokoban-qwen2.5-0.5b-ragen2.yaml against RAGEN's own rule on 200 random batches of binary rewards
+    (8 groups x 16): the same groups every time. Ranking by the std squared (what reward_variance computed
+    before, now the metric `variance`) keeps other groups in many of them (#45, item 13)."""
+    import pathlib
+
+    import yaml
+
+    recipe = yaml.safe_load(
+        (pathlib.Path(__file__).parents[2] / "recipes/sokoban-qwen2.5-0.5b-ragen2.yaml").read_text()
+    )
+    settings = filter_settings(**{k: v for k, v in recipe.items() if k.startswith("rollout_filter_")})
+    squared = filter_settings(**{**vars(settings), "rollout_filter_metric": "variance"})
+    gen = torch.Generator().manual_seed(0)
+    differ = 0
+    for _ in range(200):
+        success = torch.rand(8, 1, generator=gen)  # each start state its own success rate
+        rewards = (torch.rand(8, 16, generator=gen) < success).float().view(-1)
+        expected = ragen_top_p_linear(rewards, 8, settings.rollout_filter_ratio, settings.rollout_filter_eps)
+        assert filter_groups(rewards, 16, settings).tolist() == expected
+        differ += filter_groups(rewards, 16, squared).tolist() != expected
+    assert differ >= 40  # the old behaviour fails this comparison in a large share of batches

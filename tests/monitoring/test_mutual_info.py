@@ -27,7 +27,9 @@ def test_two_inputs_with_known_probabilities():
     assert out["mi_estimate"] == pytest.approx(math.log(2) + math.log(0.8))  # 0.4700 <= log 2
     assert out["mi_upper_bound"] == pytest.approx(math.log(2))
     assert out["retrieval_accuracy"] == 1.0 and out["retrieval_chance"] == 0.5
-    assert "mi_zscore" not in out  # one other input: no spread to compare against
+    assert "own_input_zscore" not in out  # one other input: no spread to compare against
+    # RAGEN's z: matched - marginal = ln .8 - ln .5 for both; the marginals are equal, std 0 -> / (0 + 1e-3)
+    assert out["marginal_std"] == 0.0 and out["mi_zscore"] == pytest.approx((math.log(0.8) - math.log(0.5)) / 1e-3)
 
 
 def test_three_inputs_by_hand():
@@ -39,7 +41,13 @@ def test_three_inputs_by_hand():
     assert out["mi_estimate"] == pytest.approx(0.466238960)
     assert out["retrieval_accuracy"] == 1.0
     # z: (ln .5 - mean(ln .3, ln .2)) / std(ln .3, ln .2) = 2.4888; then 1.5994 and 1.0774
-    assert out["mi_zscore"] == pytest.approx(1.721871134)
+    assert out["own_input_zscore"] == pytest.approx(1.721871134)
+    # RAGEN's: marginals ln 1/3, ln 1/3, ln 0.8/3 (population std 0.105191); mean(matched - marginal) = 0.466239
+    assert out["marginal_std"] == pytest.approx(0.1051907, abs=1e-6)
+    assert out["mi_zscore"] == pytest.approx(0.466238960 / (0.1051907 + 1e-3), abs=1e-5)
+    assert out["mi_zscore"] == pytest.approx(
+        _ragen_zscore([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.1, 0.3, 0.4]], [0, 1, 2])
+    )
     # reasonings that ignore their input: every input scores them alike -> no information
     flat = mi_statistics(torch.tensor([[0.3, 0.3, 0.3], [0.6, 0.6, 0.6]]).log(), torch.tensor([2, 1]))
     assert flat["mi_estimate"] == pytest.approx(0.0, abs=1e-12)
@@ -213,6 +221,18 @@ def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tok
     assert row["collapse/mi_upper_bound"] == pytest.approx(math.log(4)) and row["collapse/retrieval_chance"] == 0.25
     assert 0 <= row["collapse/retrieval_accuracy"] <= 1 and row["collapse/mi_estimate"] <= math.log(4) + 1e-9
     assert row["collapse/conditional_entropy"] > 0 and math.isfinite(row["collapse/mi_zscore"])
+    # RAGEN's mi_zscore_ema: the per-token MI estimate over (running mean of marginal_std, decay 0.9) + 1e-3;
+    # on the first pass the running mean is the value itself
+    assert row["collapse/marginal_std_ema"] == row["collapse/marginal_std"]
+    assert row["collapse/mi_zscore_ema"] == pytest.approx(row["collapse/mi_zscore"], rel=1e-9)
+    second = rows[1]
+    for suffix, estimate in (("", "mi_estimate_per_token"), ("_seq", "mi_estimate")):
+        ema = 0.9 * row[f"collapse/marginal_std{suffix}"] + 0.1 * second[f"collapse/marginal_std{suffix}"]
+        assert second[f"collapse/marginal_std_ema{suffix}"] == pytest.approx(ema, rel=1e-12)
+        assert second[f"collapse/mi_zscore_ema{suffix}"] == pytest.approx(
+            second[f"collapse/{estimate}"] / (ema + 1e-3)
+        )
+    assert "collapse/mi_estimate_running_z" not in row  # our own running z needs two values first
     assert row["collapse/mi_seconds"] > 0  # what benchmarks/collapse.py reports as the MI pass's overhead
     assert signals_from_logs(row, "Bandit-v0")["retrieval"] == row["collapse/retrieval_accuracy"]
     with pytest.raises(ValueError, match="mi_metrics_turn"):
@@ -280,6 +300,17 @@ def _by_loop(probs: list[list[float]], own: list[int], lengths: list[int] | None
     }
 
 
+def _ragen_zscore(probs, own, lengths=None):
+    """RAGEN's mi_zscore (ragen/trainer/collapse_metrics.py) by a plain loop: per reasoning, own-input score minus
+    the log of the mean probability over the inputs, over (population std of the latter + 1e-3), averaged."""
+    lengths = lengths or [1] * len(probs)
+    matched = [math.log(row[j]) / n for row, j, n in zip(probs, own, lengths)]
+    marginal = [math.log(sum(math.exp(math.log(p) / n) for p in row) / len(row)) for row, n in zip(probs, lengths)]
+    mean = sum(marginal) / len(marginal)
+    std = math.sqrt(sum((g - mean) ** 2 for g in marginal) / len(marginal))
+    return sum((m - g) / (std + 1e-3) for m, g in zip(matched, marginal)) / len(matched)
+
+
 def test_more_reasonings_than_inputs_and_unequal_lengths():
     """3 reasonings of 1, 2 and 4 tokens over 2 inputs. The third is likelier under the other input, so
     retrieval is 2/3 (an argmax over the inputs axis); per token, each row is divided by its own length."""
@@ -296,7 +327,13 @@ def test_more_reasonings_than_inputs_and_unequal_lengths():
     for key, value in _by_loop(probs, own).items():
         assert out[key] == pytest.approx(value, abs=1e-12), key
     for key, value in _by_loop(probs, own, lengths).items():
-        assert out[f"{key}_per_token"] == pytest.approx(value, abs=1e-12), key
+        if key != "retrieval_accuracy":  # a positive row scale keeps the argmax: logged once
+            assert out[f"{key}_per_token"] == pytest.approx(value, abs=1e-12), key
+    assert "retrieval_accuracy_per_token" not in out and "mi_zscore_per_token" not in out
+    # RAGEN's names: its scores are per-token means, so mi_zscore is per token and mi_zscore_seq per reasoning
+    assert out["mi_zscore"] == pytest.approx(_ragen_zscore(probs, own, lengths), abs=1e-12)
+    assert out["mi_zscore_seq"] == pytest.approx(_ragen_zscore(probs, own), abs=1e-12)
+    assert out["mi_zscore"] != pytest.approx(out["mi_zscore_seq"])
     # the per-token figures are not the per-reasoning ones: the lengths matter
     assert out["mi_estimate_per_token"] != pytest.approx(out["mi_estimate"])
 
