@@ -64,6 +64,11 @@ class TextEnv(gym.Env):
             return int(seed)
         return int(self.np_random.integers(0, 2**31 - 1))
 
+    def state_key(self):
+        """A hashable key of the current state, equal for equal states of the same start state (GiGPO's anchor
+        states). None (the default): the trainer compares the observation text instead."""
+        return None
+
     # -- to implement --------------------------------------------------------------------------------
     def render_text(self) -> str:
         raise NotImplementedError

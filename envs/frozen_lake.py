@@ -91,6 +91,10 @@ class FrozenLakeEnv(TextEnv):
     def state(self) -> int:
         return int(self.lake.s)
 
+    def state_key(self) -> int:
+        """The square the player is on (the lake is the start state's)."""
+        return self.state
+
     def step(self, action: str):
         self.steps += 1
         idx = self.match_action(action)

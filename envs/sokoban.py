@@ -244,6 +244,10 @@ class SokobanEnv(TextEnv):
         self.steps = 0
         return self.render_text(), step_info(False, True, False)
 
+    def state_key(self) -> tuple:
+        """The player's square and the boxes' (the room is the start state's)."""
+        return (tuple(self.player), tuple(sorted(tuple(b) for b in self.boxes)))
+
     def _solved(self) -> bool:
         return all(self.fixed[b] == TARGET for b in self.boxes)
 

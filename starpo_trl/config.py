@@ -11,6 +11,7 @@ from trl import GRPOConfig
 from envs.contract import env_name
 from starpo_trl.algorithms import get_estimator, num_kept_groups
 from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
+from starpo_trl.algorithms.gigpo import GIGPO_MODES
 from starpo_trl.algorithms.scoring import REWARD_FUNC_ERRORS
 from starpo_trl.env_configs import EnvConfig, group_envs, parse_env_configs, split_groups
 from starpo_trl.numeric_settings import Range, check_declared, check_numbers
@@ -197,7 +198,10 @@ class StarPOConfig(GRPOConfig):
             still learns against the rest of the batch; needs `scale_rewards` `batch` or `none`),
             `gae` (critic, token-level GAE over model tokens), `bilevel_gae` (GAE across turns with
             `turn_gamma`, then token-level GAE inside each turn), `turn_gae` (every token of a turn
-            gets its turn's advantage).
+            gets its turn's advantage), `gigpo` (no critic: the episode's advantage in its group plus
+            `step_advantage_weight` x its turn's discounted return (`turn_gamma`) against the turns of
+            the group that started from the same state; `gigpo_mode` `mean_norm` or `mean_std_norm`;
+            see `starpo_trl.algorithms.gigpo`).
         gamma / lam (`float`, 1.0 / 1.0): token-level GAE discount and lambda (paper: 1.0 / 1.0).
         turn_gamma (`float`, 0.95) / turn_lambda (`float` or `None` = `lam`): turn-level GAE.
         use_turn_rewards (`bool`, False): put each turn's reward on its last model token instead of
@@ -388,6 +392,13 @@ class StarPOConfig(GRPOConfig):
     turn_gamma: float = field(default=0.95, metadata={"help": "Turn-level discount of bi-level GAE."})
     turn_lambda: float | None = field(
         default=None, metadata={"help": "Turn-level lambda of bi-level GAE (default: lam)."}
+    )
+    gigpo_mode: str = field(
+        default="mean_norm",
+        metadata={"help": "GiGPO: mean_norm (minus the group mean) or mean_std_norm (then / std)."},
+    )
+    step_advantage_weight: float = field(
+        default=1.0, metadata={"help": "GiGPO: weight of the turn-level (anchor state) advantage."}
     )
     use_turn_rewards: bool = field(default=False, metadata={"help": "Each turn's reward on its last model token."})
     reward_normalization: str = field(
@@ -661,17 +672,7 @@ class StarPOConfig(GRPOConfig):
 
     def _check_training_settings(self) -> None:
         """Advantage estimator, reward normalisation, collapse guard, reasoning shaping, critic, vLLM LoRA sync, loss."""
-        estimator = get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
-        if self.skip_zero_advantage_steps and estimator.critic:
-            raise ValueError(
-                f"skip_zero_advantage_steps needs a group estimator (grpo, rloo, reinforce_pp): with "
-                f"{self.advantage_estimator!r} the critic gives per-token advantages, which are never all 0."
-            )
-        if self.advantage_estimator == "reinforce_pp" and self.scale_rewards not in ("batch", "none", False):
-            raise ValueError(
-                f"advantage_estimator='reinforce_pp' takes its baseline and std over the whole batch: set "
-                f"scale_rewards to 'batch' or 'none' (got {self.scale_rewards!r})."
-            )
+        self._check_estimator()
         if self.reward_normalization not in ("identity", "mean", "mean_std", "asym_clip"):
             raise ValueError(
                 f"reward_normalization must be identity, mean, mean_std or asym_clip, got {self.reward_normalization!r}"
@@ -718,6 +719,22 @@ class StarPOConfig(GRPOConfig):
                     f"loss_aggregation must be one of {sorted(LOSS_AGGREGATION)}, got {self.loss_aggregation!r}"
                 )
             self.loss_type = LOSS_AGGREGATION[self.loss_aggregation]
+
+    def _check_estimator(self) -> None:
+        """The advantage estimator and the settings that depend on it."""
+        estimator = get_estimator(self.advantage_estimator)  # unknown names fail here, listing the registered ones
+        if self.gigpo_mode not in GIGPO_MODES:
+            raise ValueError(f"gigpo_mode must be one of {GIGPO_MODES}, got {self.gigpo_mode!r}")
+        if self.skip_zero_advantage_steps and (estimator.critic or estimator.per_turn):
+            raise ValueError(
+                f"skip_zero_advantage_steps needs a group estimator (grpo, rloo, reinforce_pp): with "
+                f"{self.advantage_estimator!r} the advantages are per token (a critic's, or GiGPO's per turn)."
+            )
+        if self.advantage_estimator == "reinforce_pp" and self.scale_rewards not in ("batch", "none", False):
+            raise ValueError(
+                f"advantage_estimator='reinforce_pp' takes its baseline and std over the whole batch: set "
+                f"scale_rewards to 'batch' or 'none' (got {self.scale_rewards!r})."
+            )
 
     def _check_filter_strategy(self) -> None:
         strategy, value = self.rollout_filter_strategy, self.rollout_filter_ratio
@@ -966,6 +983,7 @@ NUMBER_RANGES = {
         _UNIT,
     ),
     "collapse_guard_smoothing": Range(0, 1, low_open=True),
+    "step_advantage_weight": _AT_LEAST_0,
     "format_penalty": Range(None, 0),
     "env_failure_reward": _ANY,
     "num_generations": Range(2),

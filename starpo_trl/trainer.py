@@ -22,6 +22,7 @@ from trl.trainer.utils import use_adapter
 
 from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.critic_targets import critic_targets, fit_critic
+from starpo_trl.algorithms.estimators import turn_advantages
 from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, env_reward, score_rollout
 from starpo_trl.checkpoints import load_checkpoint_extras, load_critic, save_checkpoint_extras, save_model_extras
 from starpo_trl.config import StarPOConfig, rollout_config
@@ -171,10 +172,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self._log(mode, {f"rewards/{name}/mean": mean for name, mean in rewards.items()})
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
-            step, tokenizer = self.state.global_step, self._tokenizer  # MI metrics on this process's episodes
-            mi = self.step_log.mutual_information(
-                self.model, rollout, tokenizer, self.temperature, step, self.accelerator
-            )
+            step, tok = self.state.global_step, self._tokenizer  # MI metrics on this process's episodes
+            mi = self.step_log.mutual_information(self.model, rollout, tok, self.temperature, step, self.accelerator)
             self._log(mode, mi)
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         scored = score_rollout(
@@ -203,7 +202,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             padding = torch.zeros(len(rows) - len(owner))
             batch["advantages"] = torch.cat([episode_advantages[owner], padding]).to(loss_mask.device)
         else:
-            batch["advantages"] = self._critic_advantages(scored, mine, kept, rows, owner, batch, inputs, mode)
+            batch["advantages"] = self._per_token(episodes, scored, mine, kept, rows, owner, batch, inputs, mode)
             episode_advantages = episode_means(batch["advantages"], loss_mask, owner, len(kept))
         self._old_and_ref_logps(batch, *inputs, loss_mask)
         trained_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows[: len(owner)])
@@ -230,14 +229,16 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         return rows, batch, loss_mask, (input_ids, attention_mask, batch["completion_ids"].size(1))
 
-    def _critic_advantages(self, scored: Scored, mine: slice, kept, rows, owner, batch, inputs, mode: str):
-        """Per-token advantages (B, T) of this process's ``rows`` (the ``kept`` episodes' rows, ``owner``: each
-        one's episode, then padding) from the critic (``algorithms.critic_targets``); its targets go into
-        ``batch``. In a training step that is not skipped the critic then learns on them, before the
-        policy's update: on the kept episodes (the same number on every process), or with a context window
-        on every row, padding included (row counts differ between processes; padding has no value target)."""
+    def _per_token(self, episodes, scored: Scored, mine: slice, kept, rows, owner, batch, inputs, mode: str):
+        """Per-token advantages (B, T) of this process's ``rows`` (``kept`` episodes' rows, ``owner``: each one's
+        episode, then padding): GiGPO's from the whole batch ``episodes`` without a critic, else the critic's
+        (``algorithms.critic_targets``; targets into ``batch``), which then learns on them in a step not skipped,
+        before the policy: on the kept episodes (as many on every process), or with a context window on every
+        row, padding included (row counts differ between processes; padding has no value target)."""
         args: StarPOConfig = self.args
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        if self.critic is None:
+            return turn_advantages(episodes, scored, args, mine, rows, owner, loss_mask.size(1)).to(loss_mask.device)
         turns, raw, normalized = [ep.turn_rewards for ep in kept], scored.rewards[scored.keep], scored.kept_rewards
         turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, args)
         sum_all = self._sum_over_processes

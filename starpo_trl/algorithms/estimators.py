@@ -1,9 +1,13 @@
 """The advantage estimators by name: ``advantage_estimator`` in ``StarPOConfig`` picks one.
 
-Two kinds:
+Three kinds:
 
 - group estimators (``critic=False``) see each kept trajectory's (normalised) reward and its group:
   ``fn(rewards, group_size, scale_rewards) -> advantages`` of shape (N,), one per trajectory;
+- turn estimators (``per_turn=True``, no critic) also see each trajectory's turn rewards and the state
+  each turn started from: ``fn(rewards, turn_rewards, anchors, group_size, settings) -> advantages``, a
+  list per trajectory with one advantage per turn (``gigpo``; ``settings`` carries ``turn_gamma``,
+  ``gigpo_mode``, ``step_advantage_weight``);
 - critic estimators (``critic=True``) see the turn rewards, each turn's last model token and the
   critic's values: ``fn(turn_rewards, turn_ends, values, mask, settings) -> (advantages, returns)``,
   both (B, T) over completion tokens; ``settings`` carries ``gamma``, ``lam``, ``turn_gamma``,
@@ -28,6 +32,8 @@ from starpo_trl.algorithms.advantages import (
     place_rewards,
     rloo_advantages,
 )
+from starpo_trl.algorithms.gigpo import gigpo_advantages
+from starpo_trl.rollout.batch import turn_token_values
 
 
 @dataclass(frozen=True)
@@ -35,16 +41,19 @@ class Estimator:
     name: str
     critic: bool
     fn: Callable
+    per_turn: bool = False
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_advantage_estimator(name: str, critic: bool = False):
+def register_advantage_estimator(name: str, critic: bool = False, per_turn: bool = False):
     """Decorator: register ``fn`` as the advantage estimator ``name`` (see the module docstring)."""
+    if critic and per_turn:
+        raise ValueError("an estimator is a critic estimator or a turn estimator, not both")
 
     def register(fn):
-        ESTIMATORS[name] = Estimator(name, critic, fn)
+        ESTIMATORS[name] = Estimator(name, critic, fn, per_turn)
         return fn
 
     return register
@@ -54,6 +63,22 @@ def get_estimator(name: str) -> Estimator:
     if name not in ESTIMATORS:
         raise ValueError(f"advantage_estimator must be one of {sorted(ESTIMATORS)}, got {name!r}")
     return ESTIMATORS[name]
+
+
+def turn_advantages(episodes, scored, args, mine: slice, rows, owner, width: int) -> torch.Tensor:
+    """A turn estimator's (``args.advantage_estimator``, e.g. ``gigpo``) per-token advantages ``(len(rows), width)``
+    for this process's training ``rows`` (``owner``: each one's kept episode, in its share ``mine`` of
+    ``scored.keep``). Computed on the whole kept batch ``episodes[scored.keep]`` (a group's episodes may be dealt
+    to several processes) from their normalised rewards, turn rewards and anchor states."""
+    kept = [episodes[i] for i in scored.keep.tolist()]
+    per_turn = get_estimator(args.advantage_estimator).fn(
+        scored.kept_rewards.tolist(),
+        [ep.turn_rewards for ep in kept],
+        [ep.turn_states for ep in kept],
+        args.num_generations,
+        args,
+    )
+    return turn_token_values(rows, owner, per_turn[mine], width)
 
 
 def critic_estimators() -> list[str]:
@@ -105,3 +130,16 @@ def _bilevel_gae(turn_rewards, turn_ends, values, mask, settings):
 @register_advantage_estimator("turn_gae", critic=True)
 def _turn_gae(turn_rewards, turn_ends, values, mask, settings):
     return _bilevel(turn_rewards, turn_ends, values, mask, settings, turn_level_only=True)
+
+
+@register_advantage_estimator("gigpo", per_turn=True)
+def _gigpo(rewards, turn_rewards, anchors, group_size, settings):
+    return gigpo_advantages(
+        rewards,
+        turn_rewards,
+        anchors,
+        group_size,
+        settings.turn_gamma,
+        settings.gigpo_mode,
+        settings.step_advantage_weight,
+    )

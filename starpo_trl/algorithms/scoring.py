@@ -100,7 +100,8 @@ def score_rollout(
     keep = expand_groups(kept_groups, group_size)
     kept_rewards = normalize_rewards(rewards[keep], group_size, args.reward_normalization, args.reward_norm_scope)
     estimator = get_estimator(args.advantage_estimator)
-    advantages = None if estimator.critic else estimator.fn(kept_rewards, group_size, scale_rewards)
+    group = not estimator.critic and not estimator.per_turn
+    advantages = estimator.fn(kept_rewards, group_size, scale_rewards) if group else None
     return Scored(rewards, kept_groups, keep, kept_rewards, advantages)
 
 

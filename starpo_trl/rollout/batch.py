@@ -96,3 +96,23 @@ def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> d
         "tool_mask": tool_mask.to(device),
         "sampling_per_token_logps": logps.to(device),
     }
+
+
+def turn_token_values(rows: list[Episode], owner: list[int], per_turn: list[list[float]], width: int) -> torch.Tensor:
+    """``(len(rows), width)``: each training row's model tokens carry their turn's value, ``per_turn[k][t]`` for
+    turn ``t`` of episode ``k = owner[r]``. A whole-episode row's turns are its reply spans (``reply_starts`` to
+    ``turn_end_positions``; env tokens between them stay 0); a per-turn row (context window, ``episode_rows``) is
+    turn ``j``, its rank among its episode's rows, on all its tokens. Rows past ``len(owner)`` (padding) are 0."""
+    out = torch.zeros(len(rows), width)
+    rank: dict[int, int] = {}
+    for r, k in enumerate(owner):
+        row, j = rows[r], rank.get(k, 0)
+        rank[k] = j + 1
+        if not per_turn[k]:
+            continue
+        if row.reply_starts:  # the whole episode in one row
+            for t, (a, b) in enumerate(zip(row.reply_starts, row.turn_end_positions)):
+                out[r, a : b + 1] = per_turn[k][t]
+        else:
+            out[r, : len(row.completion_ids)] = per_turn[k][j]
+    return out

@@ -74,6 +74,8 @@ class Episode:
     # with a context window: the tokens each turn's reply was sampled from (empty: the whole history,
     # prompt_ids + completion_ids up to the reply)
     turn_prompts: list[list[int]] = field(default_factory=list)
+    # each turn's anchor state (GiGPO): the env's state_key() when it has one, else the observation text
+    turn_states: list = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -503,10 +505,22 @@ class RolloutEngine:
             reward += cfg.format_penalty
         return reward
 
+    @staticmethod
+    def _state_key(state: _Live):
+        """The state a turn starts from, as a hashable key: the env's ``state_key()`` where it defines one
+        (exact), else the observation the model reads."""
+        try:
+            key = state.env.unwrapped.state_key()
+            hash(key)
+        except Exception:  # no such method, or an unhashable key: the observation text stands in
+            key = None
+        return str(state.obs) if key is None else key
+
     def _act(self, ep: Episode, state: _Live, text: str) -> float:
         """Parse one reply and step the env; return the turn reward (env rewards + format penalty).
         Runs on the runner's threads: it touches only this episode."""
         cfg = self.config
+        ep.turn_states.append(self._state_key(state))
         if cfg.action_format == "tool_call":
             return self._act_tools(ep, state, text)
         env = state.env

@@ -40,6 +40,12 @@ def _describe(env) -> tuple[str, list[str] | None, list[dict] | None]:
     return str(getattr(inner, "instructions", "")), (None if names is None else list(names)), tools
 
 
+def _state_key(env):
+    """The env's ``state_key()`` (GiGPO's anchor state), or None when it has none."""
+    key = getattr(env.unwrapped, "state_key", None)
+    return key() if callable(key) else None
+
+
 class LocalEnv:
     """An env in this process."""
 
@@ -61,6 +67,9 @@ class LocalEnv:
 
     def match_action(self, action: str):
         return self.env.unwrapped.match_action(action)
+
+    def state_key(self):
+        return _state_key(self.env)
 
     def close(self):
         self.env.close()
@@ -85,6 +94,8 @@ def _serve(conn) -> None:
                 value = env.step(args[0])
             elif command == "match":
                 value = env.unwrapped.match_action(args[0])
+            elif command == "state_key":
+                value = _state_key(env)
             elif command == "close":
                 if env is not None:
                     env.close()
@@ -157,6 +168,9 @@ class ProcessEnv:
 
     def match_action(self, action: str):
         return self._call("match", action)
+
+    def state_key(self):
+        return self._call("state_key")
 
     def close(self):
         if self.worker is None:

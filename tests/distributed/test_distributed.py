@@ -164,7 +164,7 @@ def test_two_cpu_processes_train_save_and_resume_the_critic(tmp_path, warm_bandi
     assert ranks[0]["global_step"] == 2 and ranks[0]["kept_groups"] == ranks[1]["kept_groups"]
     for rollout in ranks[0]["kept_groups"]:
         std = torch.tensor([float("nan") if x < 0 else x for x in rollout["group_std"]])
-        expected = select_groups(std * std, "top_p", 0.9, include_zero=False)
+        expected = select_groups(std, "top_p", 0.9, include_zero=False)  # reward_variance ranks by std, as RAGEN
         assert rollout["kept"] == sorted(expected.tolist())
     assert any(rollout["kept"] for rollout in ranks[0]["kept_groups"]), "nothing kept: the check is vacuous"
     _assert_ranks_agree_and_the_critic_learned(ranks, out)
