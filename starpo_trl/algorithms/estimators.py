@@ -47,10 +47,13 @@ class Estimator:
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_advantage_estimator(name: str, critic: bool = False, per_turn: bool = False):
-    """Decorator: register ``fn`` as the advantage estimator ``name`` (see the module docstring)."""
+def register_advantage_estimator(name: str, critic: bool = False, per_turn: bool = False, replace: bool = False):
+    """Decorator: register ``fn`` as the advantage estimator ``name`` (see the module docstring). A name already
+    registered is refused unless ``replace=True`` (a notebook cell run twice)."""
     if critic and per_turn:
         raise ValueError("an estimator is a critic estimator or a turn estimator, not both")
+    if name in ESTIMATORS and not replace:
+        raise ValueError(f"advantage estimator {name!r} is already registered: pick another name, or pass replace=True")
 
     def register(fn):
         ESTIMATORS[name] = Estimator(name, critic, fn, per_turn)

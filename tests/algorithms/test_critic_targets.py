@@ -204,6 +204,17 @@ def test_a_registered_estimator_is_found_by_name_and_a_group_one_unless_told():
         assert get_estimator("test_group").critic is False and get_estimator("test_critic").critic is True
         assert "test_critic" in critic_estimators() and "test_group" not in critic_estimators()
         assert {"bilevel_gae", "gae", "turn_gae"} <= set(critic_estimators())
+        # a name is registered once: a second registration is refused (it silently replaced the first), unless asked
+        with pytest.raises(ValueError, match="'test_group' is already registered"):
+            register_advantage_estimator("test_group")(lambda rewards, group_size, scale: rewards)
+        with pytest.raises(ValueError, match="'grpo' is already registered"):
+            register_advantage_estimator("grpo", critic=True)(with_critic)
+        assert get_estimator("test_group").fn is group and get_estimator("grpo").critic is False
+        again = register_advantage_estimator("test_group", replace=True)(lambda rewards, group_size, scale: rewards)
+        assert get_estimator("test_group").fn is again
+        with pytest.raises(ValueError, match="not both"):
+            register_advantage_estimator("test_both", critic=True, per_turn=True)
+        assert get_estimator("gigpo").per_turn and not get_estimator("gigpo").critic
     finally:
         ESTIMATORS.pop("test_group", None)
         ESTIMATORS.pop("test_critic", None)

@@ -173,6 +173,7 @@ def test_the_engine_records_the_state_each_turn_starts_from(tiny_tokenizer):
     assert bandit.num_turns == 3 and bandit.turn_states == [env.reset(seed=3)[0]] * 3
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("window", ["full", "single_turn"])
 def test_training_with_gigpo_puts_each_turns_advantage_on_its_tokens(tmp_path, tiny_tokenizer, fresh_model, window):
     """One training step on FrozenLake with advantage_estimator='gigpo': every model token of turn t of kept episode

@@ -216,6 +216,7 @@ def test_a_trl_environment_class_with_the_critic(tmp_path, tool_tokenizer, fresh
     assert {"critic/value_loss", "advantages/std", "rollout/kept_fraction"} <= logged
 
 
+@pytest.mark.trains
 def test_a_nan_or_raising_reward_function_in_training(tmp_path, tool_tokenizer, fresh_model):
     """A NaN from a reward function is a counted env error, its mean over the numbers (not None); a raising one
     stops train() naming it, unless reward_func_errors='mark' (#45, item 5)."""
