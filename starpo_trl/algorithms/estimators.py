@@ -53,7 +53,9 @@ def register_advantage_estimator(name: str, critic: bool = False, per_turn: bool
     if critic and per_turn:
         raise ValueError("an estimator is a critic estimator or a turn estimator, not both")
     if name in ESTIMATORS and not replace:
-        raise ValueError(f"advantage estimator {name!r} is already registered: pick another name, or pass replace=True")
+        raise ValueError(
+            f"advantage estimator {name!r} is already registered: pick another name, or pass replace=True"
+        )
 
     def register(fn):
         ESTIMATORS[name] = Estimator(name, critic, fn, per_turn)
