@@ -54,6 +54,9 @@ ROLLOUT_SETTINGS = (
     "think_min_words",
     "think_max_words",
     "think_copy_penalty",
+    "overlong_turns",
+    "overlong_buffer",
+    "overlong_penalty_factor",
 )
 ROLLOUT_SETTINGS_FILE = "starpo_rollout.json"
 # the episode budgets: each at least 1 (checked here and by evaluate.py)
@@ -141,6 +144,13 @@ class StarPOConfig(GRPOConfig):
             answer (text the loss and an entropy bonus would otherwise see).
         format_penalty (`float`, -0.1): added to a turn's reward when its reply is unparseable or
             names an unknown action.
+        overlong_turns (`str`, `"keep"`): a reply that reached its token limit with neither an
+            end-of-turn token nor a stop string (logged as `rollout/cut_turn_fraction`) is trained as any
+            other (`keep`, TRL's default), left out of the loss (`mask`, TRL's `mask_truncated_completions`
+            per turn), or penalised (`penalty`: DAPO's soft overlong penalty per turn, 0 up to
+            `max_tokens_per_turn - overlong_buffer` reply tokens, then falling linearly to
+            `-overlong_penalty_factor` at the limit; with `overlong_buffer` 0 the whole factor on a reply
+            that reached the limit).
         eval_temperature (`float`, 0.5): sampling temperature of held-out evaluation.
         num_sample_episodes (`int`, 4): kept episodes per step (spread over the kept groups) whose
             whole conversation goes to TRL's completions table with `log_completions=True`
@@ -338,6 +348,17 @@ class StarPOConfig(GRPOConfig):
     )
     format_penalty: float = field(
         default=-0.1, metadata={"help": "Reward added to a turn with an unparseable reply or unknown action."}
+    )
+    overlong_turns: str = field(
+        default="keep",
+        metadata={"help": "A reply cut by its token limit: keep (trained as any), mask (out of the loss) or penalty."},
+    )
+    overlong_buffer: int = field(
+        default=0,
+        metadata={"help": "penalty: the last this many tokens of max_tokens_per_turn ramp it to the factor."},
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"help": "penalty: the most subtracted from a turn's reward (DAPO's soft overlong)."}
     )
     eval_temperature: float = field(default=0.5, metadata={"help": "Sampling temperature for held-out evaluation."})
     num_sample_episodes: int = field(
@@ -655,6 +676,13 @@ class StarPOConfig(GRPOConfig):
         if self.action_format == "tool_call" and self.reply_prefix:
             raise ValueError(
                 "reply_prefix opens <think>/<answer> replies: leave it empty with action_format='tool_call'."
+            )
+        if self.overlong_turns not in ("keep", "mask", "penalty"):
+            raise ValueError(f"overlong_turns must be keep, mask or penalty, got {self.overlong_turns!r}")
+        if self.overlong_buffer > self.max_tokens_per_turn:
+            raise ValueError(
+                f"overlong_buffer={self.overlong_buffer} is more than max_tokens_per_turn={self.max_tokens_per_turn}: "
+                "the penalty ramps over the last overlong_buffer tokens of a turn's budget."
             )
         if self.mi_metrics_turn not in ("first", "uniform"):
             raise ValueError(f"mi_metrics_turn must be 'first' or 'uniform', got {self.mi_metrics_turn!r}")
@@ -984,6 +1012,8 @@ NUMBER_RANGES = {
     ),
     "collapse_guard_smoothing": Range(0, 1, low_open=True),
     "step_advantage_weight": _AT_LEAST_0,
+    "overlong_buffer": _AT_LEAST_0,
+    "overlong_penalty_factor": _AT_LEAST_0,
     "format_penalty": Range(None, 0),
     "env_failure_reward": _ANY,
     "num_generations": Range(2),

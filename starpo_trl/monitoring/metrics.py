@@ -108,6 +108,8 @@ def rollout_metrics(
             "reward": torch.nanmean(rewards).item(),
             "reward_std": nanstd(rewards, dim=0).item(),
             "frac_reward_zero_std": sum(f * n for f, n in zero_std) / len(episodes),
+            "rollout/cut_turn_fraction": sum(sum(ep.turn_cut) for ep in episodes)
+            / max(1, sum(len(ep.turn_cut) for ep in episodes)),
             "rollout/kept_fraction": num_kept_groups * group_size / len(episodes),
             "completions/mean_length": sum(model_tokens) / len(model_tokens),
             "rollout/generate_seconds": timings["generate"],

@@ -38,6 +38,7 @@ def episode_rows(episodes: list[Episode]) -> tuple[list[Episode], list[int]]:
                     turn_rewards=ep.turn_rewards[j : j + 1],
                     turn_end_positions=[b - a - 1],
                     env_error=ep.env_error,
+                    masked_turns=[0] if j in ep.masked_turns else [],
                 )
             )
             owner.append(k)
@@ -60,8 +61,19 @@ def episode_filter_values(episodes: list[Episode], metric: str) -> tuple[list[fl
     return entropies, None
 
 
+def trained_mask(ep: Episode) -> list[int]:
+    """``env_mask`` with the replies of ``masked_turns`` (cut replies under ``overlong_turns: mask``) set to 0: the
+    model tokens the loss trains on. A per-turn row (context window) is its one reply from token 0."""
+    mask = list(ep.env_mask)
+    starts = ep.reply_starts or [0]
+    for t in ep.masked_turns:
+        mask[starts[t] : ep.turn_end_positions[t] + 1] = [0] * (ep.turn_end_positions[t] + 1 - starts[t])
+    return mask
+
+
 def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, torch.Tensor]:
-    """TRL's batch layout: left-padded prompts, right-padded completions, env tokens as ``tool_mask`` 0."""
+    """TRL's batch layout: left-padded prompts, right-padded completions, env tokens (and masked cut replies,
+    ``trained_mask``) as ``tool_mask`` 0."""
     prompt_ids = pad([torch.tensor(ep.prompt_ids) for ep in episodes], padding_value=pad_token_id, padding_side="left")
     prompt_mask = pad(
         [torch.ones(len(ep.prompt_ids), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="left"
@@ -77,7 +89,7 @@ def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> d
         padding_side="right",
     )
     tool_mask = pad(
-        [torch.tensor(ep.env_mask, dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right"
+        [torch.tensor(trained_mask(ep), dtype=torch.long) for ep in episodes], padding_value=0, padding_side="right"
     )
     logps = pad(
         [torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes], padding_value=0.0, padding_side="right"

@@ -76,6 +76,9 @@ class Episode:
     turn_prompts: list[list[int]] = field(default_factory=list)
     # each turn's anchor state (GiGPO): the env's state_key() when it has one, else the observation text
     turn_states: list = field(default_factory=list)
+    # per turn: the reply reached its token limit with neither an end-of-turn token nor a stop string
+    turn_cut: list[bool] = field(default_factory=list)
+    masked_turns: list[int] = field(default_factory=list)  # turns left out of the loss (overlong_turns: mask)
 
     @property
     def num_turns(self) -> int:
@@ -123,6 +126,13 @@ class RolloutConfig:
     # a reply ends with the first token that completes one of these in its text (kept, as vLLM's
     # include_stop_str_in_output); the tokens sampled after it are dropped and the turn is closed as a cut reply
     stop_strings: tuple[str, ...] | list[str] | None = ()
+    # a reply that reached its token limit with neither an end-of-turn token nor a stop string: trained as any
+    # other (keep), left out of the loss (mask), or penalised as DAPO's soft overlong penalty per turn (penalty:
+    # -overlong_penalty_factor x the share of the last overlong_buffer tokens of max_tokens_per_turn it used;
+    # with no buffer, the whole factor on a reply that reached the limit)
+    overlong_turns: str = "keep"  # keep | mask | penalty
+    overlong_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
 
     def prefix_text(self) -> str:
         """The reply prefix as text (``auto`` resolved)."""
@@ -177,6 +187,15 @@ def stop_index(tokenizer, ids: list[int], stop_strings) -> int:
     if not holds_stop_string(tokenizer, ids, stop_strings):
         return len(ids)
     return next(k for k in range(1, len(ids) + 1) if holds_stop_string(tokenizer, ids[:k], stop_strings))
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong penalty for one reply of ``length`` tokens under a ``max_tokens`` budget: 0 up to
+    ``max_tokens - buffer``, then falling linearly to ``-factor`` at ``max_tokens``; with no buffer, ``-factor`` on
+    a reply that reached the budget."""
+    if buffer <= 0:
+        return -factor if length >= max_tokens else 0.0
+    return -factor * min(1.0, max(0, length - (max_tokens - buffer)) / buffer)
 
 
 def _reply_done(tokenizer, limits: list[int], stop_strings: tuple[str, ...], i: int, ids: list[int]) -> bool:
@@ -379,7 +398,12 @@ class RolloutEngine:
         for ep, context, limit, (ids, logps) in zip(active, contexts, limits, outputs):
             ids, logps = ids[:limit], logps[:limit]
             keep = stop_index(self.tokenizer, ids, cfg.stop_strings)
+            cut = len(ids) >= limit and keep == len(ids) and not (ids and ids[-1] in self.eos_token_ids)
+            cut = cut and not holds_stop_string(self.tokenizer, ids, cfg.stop_strings)
             ids, logps = ids[:keep], logps[:keep]
+            ep.turn_cut.append(cut)
+            if cut and cfg.overlong_turns == "mask":
+                ep.masked_turns.append(len(ep.reply_starts))
             ep.reply_starts.append(len(ep.completion_ids))
             if cfg.window_turns() is not None:
                 ep.turn_prompts.append(context)
@@ -417,10 +441,15 @@ class RolloutEngine:
         return head + tail
 
     def _next_turn(self, ep: Episode, state: _Live, turn: int, reward: float) -> None:
-        """Record the turn's reward; end the episode, or append the next user message as the chat
-        template's tokens (mask 0; an end-of-turn token first when the reply was cut), or mark it
-        truncated when that message would not fit in ``max_episode_tokens``."""
+        """Record the turn's reward (with the overlong penalty, if on); end the episode, or append the next
+        user message as the chat template's tokens (mask 0; an end-of-turn token first when the reply was
+        cut), or mark it truncated when that message would not fit in ``max_episode_tokens``."""
         cfg = self.config
+        if cfg.overlong_turns == "penalty":
+            reply = ep.turn_end_positions[-1] + 1 - ep.reply_starts[-1]
+            reward += overlong_penalty(
+                reply, cfg.max_tokens_per_turn, cfg.overlong_buffer, cfg.overlong_penalty_factor
+            )
         ep.turn_rewards.append(reward)
         ended_by_eos = (
             ep.env_mask[-1] == 1 and ep.completion_ids[-1] in self.eos_token_ids if ep.completion_ids else False
