@@ -412,3 +412,14 @@ def test_choosing_the_envs_on_the_command_line_replaces_the_recipes_choice(tmp_p
     # with both on the command line nothing is dropped: the pair is refused as before
     with pytest.raises(ValueError, match="not both"):
         train.parser().parse_args_and_config(args=[*base, "--env_id", "starpo/Sokoban-v0", "--env_configs", configs])
+
+
+def test_the_console_scripts_are_the_two_entry_points():
+    """`starpo-train` and `starpo-eval` (pyproject's [project.scripts]) run train.py's script() and evaluate.py's main()."""
+    from importlib.metadata import entry_points
+
+    import evaluate
+    import train
+
+    scripts = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.name.startswith("starpo-")}
+    assert scripts["starpo-train"].load() is train.script and scripts["starpo-eval"].load() is evaluate.main
