@@ -463,6 +463,7 @@ def write(results: dict) -> None:
                             f"| {fmt(e['format_error_before'])} -> {fmt(e['format_error_after'])} |"
                         )
                 lines.append("")
+        lines += real_model_seed_lines(r)
         lines += real_model_reading_lines(r)
     if "whitening" in results:
         r = results["whitening"]
@@ -506,6 +507,53 @@ def write(results: dict) -> None:
         ]
     MARKDOWN.write_text("\n".join(lines))
     README.write_text(render_readme(README.read_text(), results))
+
+
+def without_seed(flags: str) -> str:
+    """A run's flags without ``--seed N``: the runs of one recipe on several seeds share it."""
+    words = flags.split()
+    keep = [w for i, w in enumerate(words) if w != "--seed" and (i == 0 or words[i - 1] != "--seed")]
+    return " ".join(keep)
+
+
+def seed_groups(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """The real-model runs by (recipe, flags without ``--seed``), only those run on two seeds or more."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for x in runs:
+        groups.setdefault((x["recipe"], without_seed(x.get("flags", ""))), []).append(x)
+    return {
+        k: v for k, v in groups.items() if len({tuple((x.get("provenance") or {}).get("seeds") or [0]) for x in v}) > 1
+    }
+
+
+def real_model_seed_lines(r: dict, target: float = 0.9) -> list[str]:
+    """One row per recipe run on several seeds and eval env: mean (min-max) success before and after, and how many
+    runs reached ``target`` after RL."""
+    groups = seed_groups(r.get("runs", []))
+    if not groups:
+        return []
+    lines = [
+        f"The same recipe on several seeds: held-out success, mean (min-max) over the seeds; runs at {target} or more after RL.",
+        "",
+        "| recipe | eval env | seeds | before | after | runs >= target |",
+        "|---|---|---|---|---|---|",
+    ]
+    spread = lambda v: f"{sum(v) / len(v):.3f} ({min(v):.3f}-{max(v):.3f})"  # noqa: E731
+    for (recipe, flags), runs in groups.items():
+        seeds = sorted(s for x in runs for s in (x.get("provenance") or {}).get("seeds") or [0])
+        envs = dict.fromkeys(env for x in runs for env in (x.get("eval_envs") or {x["eval_env_id"]: None}))
+        for env in envs:
+            rows = [(x.get("eval_envs") or {}).get(env) or x for x in runs]
+            rows = [e for e in rows if e.get("success_after") is not None]
+            if len(rows) < 2:
+                continue
+            before = [e["success_before"] for e in rows if e.get("success_before") is not None]
+            after = [e["success_after"] for e in rows]
+            lines.append(
+                f"| `{recipe}`{' `' + flags + '`' if flags else ''} | {env} | {', '.join(map(str, seeds))} | "
+                f"{spread(before) if before else '-'} | {spread(after)} | {sum(a >= target for a in after)} of {len(after)} |"
+            )
+    return lines + [""]
 
 
 def real_model_reading_lines(r: dict) -> list[str]:

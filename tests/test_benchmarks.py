@@ -662,3 +662,34 @@ def test_demo_tables_by_hand():
         "| `starpo/FrozenLake-v0` | 0.160, 0.190, 0.200 | 0.410, 0.370, 0.280 | +17.0 (+8.0, +25.0) | 2 of 3 |"
         in lines
     )
+
+
+def test_runs_of_one_recipe_on_several_seeds_are_summarised():
+    """Mean (min-max) over seeds per eval env, and how many runs reached the target; a recipe run once is not."""
+    import report
+
+    def run(seed, flags, test_after, heldout_after):
+        return {
+            "recipe": "recipes/r.yaml",
+            "flags": flags,
+            "eval_env_id": "starpo/BanditTest-v0",
+            "success_before": 0.5,
+            "success_after": test_after,
+            "eval_envs": {
+                "BanditTest-v0": {"success_before": 0.5, "success_after": test_after},
+                "BanditHeldout-v0": {"success_before": 0.25, "success_after": heldout_after},
+            },
+            "provenance": {"seeds": [seed]},
+        }
+
+    runs = [run(0, "", 1.0, 0.95), run(1, "--seed 1", 0.75, 0.85), run(2, "--lr 2 --seed 2", 0.5, 0.5)]
+    runs.append({**run(0, "--other x", 1.0, 1.0)})  # another set of flags, one seed: no summary
+    assert report.without_seed("--lr 2 --seed 2 --x y") == "--lr 2 --x y" and report.without_seed("--seed 3") == ""
+    groups = report.seed_groups(runs)
+    assert list(groups) == [("recipes/r.yaml", "")] and len(groups[("recipes/r.yaml", "")]) == 2
+    lines = report.real_model_seed_lines({"runs": runs})
+    assert "| `recipes/r.yaml` | BanditTest-v0 | 0, 1 | 0.500 (0.500-0.500) | 0.875 (0.750-1.000) | 1 of 2 |" in lines
+    assert (
+        "| `recipes/r.yaml` | BanditHeldout-v0 | 0, 1 | 0.250 (0.250-0.250) | 0.900 (0.850-0.950) | 1 of 2 |" in lines
+    )
+    assert report.real_model_seed_lines({"runs": runs[3:]}) == []
