@@ -191,7 +191,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         mine = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
         kept = [episodes[i] for i in scored.keep[mine].tolist()]
         rows, owner = episode_rows(kept)  # one per kept episode, or with a context window one per turn
-        rows, batch, loss_mask, inputs = self._batch(rows, episodes[0], failed[scored.keep[mine]][owner])
+        rows, batch, loss_mask, forward = self._batch(rows, episodes[0], failed[scored.keep[mine]][owner])
         if mode == "train":
             self.step_log.record_kept_groups(scored)
             empty = int(batch["num_items_in_batch"]) == 0  # nothing to train on: no optimizer step
@@ -202,9 +202,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             padding = torch.zeros(len(rows) - len(owner))
             batch["advantages"] = torch.cat([episode_advantages[owner], padding]).to(loss_mask.device)
         else:
-            batch["advantages"] = self._per_token(episodes, scored, mine, kept, rows, owner, batch, inputs, mode)
+            batch["advantages"] = self._per_token(episodes, scored, mine, kept, rows, owner, batch, forward, mode)
             episode_advantages = episode_means(batch["advantages"], loss_mask, owner, len(kept))
-        self._old_and_ref_logps(batch, *inputs, loss_mask)
+        self._old_and_ref_logps(batch, *forward, loss_mask)
         trained_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows[: len(owner)])
         self._log_rollout(mode, episodes, scored, episode_advantages, trained_tokens, rollout.timings)
         return batch
@@ -212,7 +212,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     def _batch(self, rows: list[Episode], spare: Episode, failed: torch.Tensor):
         """``rows`` (``failed``: which came from a failed episode) padded to the same number on every process
         (a multiple of ``steps_per_generation``) with rows that hold no model token, and as TRL's batch;
-        also its loss mask and the model inputs ``(input_ids, attention_mask, logits_to_keep)``."""
+        also its loss mask and the policy's forward inputs ``(input_ids, attention_mask, logits_to_keep)``."""
         n, device = len(rows), self.accelerator.device
         if self.accelerator.num_processes > 1:  # the most rows any process holds
             n_max = int(self.accelerator.gather(torch.tensor([n], device=device)).max())
@@ -229,7 +229,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         return rows, batch, loss_mask, (input_ids, attention_mask, batch["completion_ids"].size(1))
 
-    def _per_token(self, episodes, scored: Scored, mine: slice, kept, rows, owner, batch, inputs, mode: str):
+    def _per_token(self, episodes, scored: Scored, mine: slice, kept, rows, owner, batch, forward, mode: str):
         """Per-token advantages (B, T) of this process's ``rows`` (``kept`` episodes' rows, ``owner``: each one's
         episode, then padding): GiGPO's from the whole batch ``episodes`` without a critic, else the critic's
         (``algorithms.critic_targets``; targets into ``batch``), which then learns on them in a step not skipped,
@@ -242,13 +242,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         turns, raw, normalized = [ep.turn_rewards for ep in kept], scored.rewards[scored.keep], scored.kept_rewards
         turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, args)
         sum_all = self._sum_over_processes
-        targets = critic_targets(self.critic, rows, owner, turn_rewards, *inputs, loss_mask, args, sum_all)
+        targets = critic_targets(self.critic, rows, owner, turn_rewards, *forward, loss_mask, args, sum_all)
         batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
         self._log(mode, self.step_log.critic(targets, loss_mask))
         if mode == "train" and not self.empty_steps.skip:
             n = len(kept) if len(owner) == len(kept) else len(rows)
             step, reduce = self.state.global_step, self._average_grads
-            for stats in fit_critic(self.critic, inputs, targets, n, args, step, reduce):
+            for stats in fit_critic(self.critic, forward, targets, n, args, step, reduce):
                 self._log(mode, stats)
         return targets.advantages
 
