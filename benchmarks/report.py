@@ -737,6 +737,19 @@ README_RUNS = (
         "",
         "Bandit, payouts stated, unseen names (BanditTest: one pair), from the model as it is (no SFT)",
     ),
+    (
+        "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
+        "",
+        "the same policy on 16 held-out name pairs (`BanditHeldout-v0`)",
+        "BanditHeldout-v0",
+    ),
+    (
+        "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
+        "",
+        "the same policy, held-out pairs with payouts drawn per seed, the safe arm better in about half "
+        "(`BanditPayoutsHeldout-v0`; fixed payouts in training)",
+        "BanditPayoutsHeldout-v0",
+    ),
 )
 
 
@@ -807,8 +820,10 @@ def real_model_table(results: dict) -> list[str]:
             f"{base[next(iter(base))]['episodes']} episodes per env |"
         )
     runs = {(x["recipe"], x.get("flags", "")): x for x in r.get("runs", [])}
-    for recipe, flags, what in README_RUNS:
+    for recipe, flags, what, *env in README_RUNS:  # env: one of the run's eval envs instead of its headline one
         x = runs.get((recipe, flags))
+        if env and x is not None:
+            x = {**x, **x["eval_envs"][env[0]]} if env[0] in (x.get("eval_envs") or {}) else None
         if x is None:
             continue
         seed = (x.get("provenance") or {}).get("seeds")

@@ -693,3 +693,34 @@ def test_runs_of_one_recipe_on_several_seeds_are_summarised():
         "| `recipes/r.yaml` | BanditHeldout-v0 | 0, 1 | 0.250 (0.250-0.250) | 0.900 (0.850-0.950) | 1 of 2 |" in lines
     )
     assert report.real_model_seed_lines({"runs": runs[3:]}) == []
+
+
+def test_the_readme_shows_a_runs_other_eval_env_when_it_was_played():
+    """A README row may name one of a run's eval envs: it shows that env's before/after, and is left out for a run
+    stored before that env was played."""
+    import report
+
+    x = {
+        "recipe": "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
+        "flags": "",
+        "success_before": 0.5,
+        "success_after": 1.0,
+        "format_error_before": 0.03,
+        "format_error_after": 0.0,
+        "max_steps": 70,
+        "wall_seconds": 3000.0,
+        "provenance": {"seeds": [0]},
+        "eval_envs": {
+            "BanditHeldout-v0": {
+                "success_before": 0.25,
+                "success_after": 0.75,
+                "format_error_before": 0.5,
+                "format_error_after": 0.125,
+            }
+        },
+    }
+    lines = report.real_model_table({"real_model": {"runs": [x]}})
+    heldout = [line for line in lines if "16 held-out name pairs" in line]
+    assert heldout and "0.250 -> **0.750** (+50.0 points); format errors 0.500 -> 0.125" in heldout[0]
+    assert not [line for line in lines if "BanditPayoutsHeldout-v0" in line]  # not played in this run
+    assert any("0.500 -> **1.000**" in line for line in lines)  # the run's headline env
