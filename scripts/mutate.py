@@ -18,6 +18,7 @@ import argparse
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.report:
         start = time.time()
+        # from scratch: mutmut keeps which tests call which function from its last run for test files it deems
+        # unchanged, so a function added since is checked only against the tests added with it
+        shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         log = ROOT / "mutants.log"
         with open(log, "w") as f:
             subprocess.run(

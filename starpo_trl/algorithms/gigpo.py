@@ -34,11 +34,11 @@ GIGPO_EPS = 1e-6
 
 def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
     """``G_t = r_t + gamma * G_{t+1}`` for each turn, from the last back."""
-    out, running = [0.0] * len(rewards), 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = rewards[t] + gamma * running
-        out[t] = running
-    return out
+    out, running = [], 0.0
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        out.append(running)
+    return out[::-1]
 
 
 def relative(values: list[float], mode: str) -> list[float]:
@@ -61,9 +61,9 @@ def gigpo_advantages(
     turn_rewards: list[list[float]],
     anchors: list[list],
     group_size: int,
-    gamma: float = 0.95,
-    mode: str = "mean_norm",
-    step_advantage_weight: float = 1.0,
+    gamma: float,
+    mode: str,
+    step_advantage_weight: float,
 ) -> list[list[float]]:
     """Per-turn advantages of ``len(rewards)`` episodes in consecutive groups of ``group_size`` (a start
     state each). ``rewards``: each episode's (normalised) reward, NaN for a failed one; ``turn_rewards`` /

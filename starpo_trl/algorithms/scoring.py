@@ -163,7 +163,7 @@ def add_function_rewards(episodes, reward_funcs, on_error: str = "raise") -> dic
                 ) from err
             for ep in scored:
                 ep.env_error, ep.done = f"reward_func {name}: {type(err).__name__}: {err}"[:500], True
-            continue
+            return means  # every episode still standing was in this call: none is left for the next function
         finite = []
         for ep, value in zip(scored, values):
             if math.isfinite(value):

@@ -590,12 +590,31 @@ def test_a_nan_reward_is_an_env_error_and_a_raising_function_is_named_or_marked(
     def broken(**kw):
         raise KeyError("score")
 
-    with pytest.raises(RewardFunctionError, match=r"reward function 'broken' failed on 3 episodes: KeyError: 'score'"):
+    message = (
+        r"^reward function 'broken' failed on 3 episodes: KeyError: 'score'\. Fix it, or set reward_func_errors='mark' "
+        r"to end the episodes of such a call as env errors and train on\.$"
+    )
+    with pytest.raises(RewardFunctionError, match=message):
         add_function_rewards(episodes(), [broken])
     marked = episodes()
     assert add_function_rewards(marked, [broken, _named(lambda **kw: [1.0] * 3, "ok")], on_error="mark") == {}
     assert [ep.env_error for ep in marked] == ["reward_func broken: KeyError: 'score'"] * 3
     assert [ep.turn_rewards for ep in marked] == [[1.0]] * 3
+    assert all(ep.done for ep in marked)
+
+    # a callable without __name__ is named by its type; an error message is kept to 500 characters
+    class Scorer:
+        def __call__(self, **kw):
+            raise RuntimeError("x" * 1000)
+
+    long = episodes()
+    add_function_rewards(long, [Scorer()], on_error="mark")
+    assert long[0].env_error.startswith("reward_func Scorer: RuntimeError: xxx") and len(long[0].env_error) == 500
+    with pytest.raises(RewardFunctionError, match="^reward function 'Scorer' failed"):
+        add_function_rewards(episodes(), [Scorer()])
+    flagged = episodes()
+    add_function_rewards(flagged, [_named(lambda **kw: [math.nan, 1.0, 1.0], "nan_first")])
+    assert flagged[0].done and not flagged[1].done  # the NaN ends that episode only
     with pytest.raises(RewardFunctionError, match="returned 'a lot'|could not convert"):
         add_function_rewards(episodes(), [_named(lambda **kw: ["a lot"] * 3, "wordy")])
     with pytest.raises(ValueError, match="on_error must be one of"):

@@ -202,6 +202,13 @@ def test_a_registered_estimator_is_found_by_name_and_a_group_one_unless_told():
 
         assert get_estimator("test_group").name == "test_group" and get_estimator("test_group").fn is group
         assert get_estimator("test_group").critic is False and get_estimator("test_critic").critic is True
+        assert get_estimator("test_group").per_turn is False and get_estimator("test_critic").per_turn is False
+
+        @register_advantage_estimator("test_turns", per_turn=True)
+        def per_turn(rewards, turn_rewards, anchors, group_size, settings):
+            return turn_rewards
+
+        assert get_estimator("test_turns").per_turn is True and get_estimator("test_turns").critic is False
         assert "test_critic" in critic_estimators() and "test_group" not in critic_estimators()
         assert {"bilevel_gae", "gae", "turn_gae"} <= set(critic_estimators())
         # a name is registered once: a second registration is refused (it silently replaced the first), unless asked
@@ -212,12 +219,13 @@ def test_a_registered_estimator_is_found_by_name_and_a_group_one_unless_told():
         assert get_estimator("test_group").fn is group and get_estimator("grpo").critic is False
         again = register_advantage_estimator("test_group", replace=True)(lambda rewards, group_size, scale: rewards)
         assert get_estimator("test_group").fn is again
-        with pytest.raises(ValueError, match="not both"):
+        with pytest.raises(ValueError, match="^an estimator is a critic estimator or a turn estimator, not both$"):
             register_advantage_estimator("test_both", critic=True, per_turn=True)
         assert get_estimator("gigpo").per_turn and not get_estimator("gigpo").critic
     finally:
         ESTIMATORS.pop("test_group", None)
         ESTIMATORS.pop("test_critic", None)
+        ESTIMATORS.pop("test_turns", None)
 
 
 def test_fit_critic_passes_the_real_rows_the_targets_and_a_per_step_order():

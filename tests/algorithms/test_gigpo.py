@@ -24,7 +24,7 @@ def test_discounted_returns_by_hand():
 def test_mean_norm_by_hand():
     """Episode rewards 1, 0: +-0.5. Returns (gamma 0.5): episode 0 [0.5, 1], episode 1 [0, 0, 0]. Anchor A holds
     0.5 and 0 (+-0.25), B holds 1 and 0 (+-0.5), C only episode 1's second turn (alone: 0)."""
-    adv = gigpo_advantages([1.0, 0.0], TURNS, ANCHORS, 2, gamma=0.5, mode="mean_norm")
+    adv = gigpo_advantages([1.0, 0.0], TURNS, ANCHORS, 2, gamma=0.5, mode="mean_norm", step_advantage_weight=1.0)
     assert adv == [[0.75, 1.0], [-0.75, -0.5, -1.0]]
     half = gigpo_advantages([1.0, 0.0], TURNS, ANCHORS, 2, gamma=0.5, mode="mean_norm", step_advantage_weight=0.5)
     assert half == [[0.625, 0.75], [-0.625, -0.5, -0.75]]
@@ -34,7 +34,7 @@ def test_mean_norm_by_hand():
 
 def test_mean_std_norm_by_hand():
     """Every pair (1, 0), (0.5, 0), (1, 0) has unbiased std sqrt(0.5) x its gap: each side is +-1/sqrt(2)."""
-    adv = gigpo_advantages([1.0, 0.0], TURNS, ANCHORS, 2, gamma=0.5, mode="mean_std_norm")
+    adv = gigpo_advantages([1.0, 0.0], TURNS, ANCHORS, 2, gamma=0.5, mode="mean_std_norm", step_advantage_weight=1.0)
     r = 1 / math.sqrt(2)
     assert adv[0] == pytest.approx([2 * r, 2 * r], abs=1e-5)
     assert adv[1] == pytest.approx([-2 * r, -r, -2 * r], abs=1e-5)
@@ -49,14 +49,20 @@ def test_groups_are_separate_and_failed_episodes_are_left_out():
     rewards = [1.0, 0.0, 5.0, nan]
     turns = [[1.0], [0.0], [5.0], [2.0]]
     anchors = [["S"], ["S"], ["S"], ["S"]]  # the same key in both groups
-    adv = gigpo_advantages(rewards, turns, anchors, 2, gamma=1.0, mode="mean_norm")
+    adv = gigpo_advantages(rewards, turns, anchors, 2, gamma=1.0, mode="mean_norm", step_advantage_weight=1.0)
     assert adv == [[1.0], [-1.0], [0.0], [0.0]]  # group 2: one played episode, its turn alone
-    with pytest.raises(ValueError, match="whole groups"):
-        gigpo_advantages([1.0, 0.0, 1.0], [[1.0]] * 3, [["S"]] * 3, 2)
+    settings = dict(gamma=1.0, mode="mean_norm", step_advantage_weight=1.0)
+    whole = "^gigpo_advantages needs whole groups: one reward, turn-reward list and anchor list per episode$"
+    with pytest.raises(ValueError, match=whole):
+        gigpo_advantages([1.0, 0.0, 1.0], [[1.0]] * 3, [["S"]] * 3, 2, **settings)
+    with pytest.raises(ValueError, match=whole):  # one anchor list short
+        gigpo_advantages([1.0, 0.0], [[1.0], [0.0]], [["S"]], 2, **settings)
+    with pytest.raises(ValueError, match=whole):  # one turn-reward list short
+        gigpo_advantages([1.0, 0.0], [[1.0]], [["S"], ["S"]], 2, **settings)
     with pytest.raises(ValueError, match="has 2 turns but 1 anchor states"):
-        gigpo_advantages([1.0, 0.0], [[0.0, 1.0], [0.0]], [["A"], ["A"]], 2)
+        gigpo_advantages([1.0, 0.0], [[0.0, 1.0], [0.0]], [["A"], ["A"]], 2, **settings)
     with pytest.raises(ValueError, match="mode must be one of"):
-        gigpo_advantages([1.0, 0.0], [[1.0], [0.0]], [["A"], ["A"]], 2, mode="std_norm")
+        gigpo_advantages([1.0, 0.0], [[1.0], [0.0]], [["A"], ["A"]], 2, 1.0, "std_norm", 1.0)
 
 
 def reference_gigpo(rewards, turns, anchors, group_size, gamma, mode, weight, eps=1e-6):
@@ -137,17 +143,22 @@ def test_turn_values_are_placed_on_each_turns_reply_tokens():
     start = StartState("starpo/FrozenLake-v0", 0)
     # completion: reply 0 = tokens 0-1, env tokens 2-3, reply 1 = tokens 4-6, env token 7
     whole = Episode(start, [1], completion_ids=list(range(8)), reply_starts=[0, 4], turn_end_positions=[1, 6])
-    turn_rows = [Episode(start, [1], completion_ids=[5, 6]), Episode(start, [1], completion_ids=[7, 8, 9])]
+    turn_rows = [Episode(start, [1], completion_ids=c) for c in ([5, 6], [7, 8, 9], [4])]
     rows = [whole, *turn_rows, whole]  # the last: padding
-    values = turn_token_values(rows, [0, 1, 1], [[0.5, -2.0], [3.0, 4.0]], 9)
+    values = turn_token_values(rows, [0, 1, 1, 1], [[0.5, -2.0], [3.0, 4.0, 5.0]], 9)
     assert values.tolist() == [
         [0.5, 0.5, 0, 0, -2.0, -2.0, -2.0, 0, 0],
         [3.0, 3.0, 0, 0, 0, 0, 0, 0, 0],
         [4.0, 4.0, 4.0, 0, 0, 0, 0, 0, 0],
+        [5.0, 0, 0, 0, 0, 0, 0, 0, 0],
         [0] * 9,
     ]
-    # an episode that never acted (failed at reset) has no turns: its row stays 0
-    assert turn_token_values([Episode(start, [1])], [0], [[]], 3).tolist() == [[0, 0, 0]]
+    # an episode that never acted (failed at reset) has no turns: its row stays 0, the rows after it do not
+    never = Episode(start, [1])
+    assert turn_token_values([never, whole], [0, 1], [[], [1.0, 2.0]], 8).tolist() == [
+        [0] * 8,
+        [1.0, 1.0, 0, 0, 2.0, 2.0, 2.0, 0],
+    ]
 
 
 def test_the_engine_records_the_state_each_turn_starts_from(tiny_tokenizer):

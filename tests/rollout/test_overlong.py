@@ -54,6 +54,7 @@ def test_mask_leaves_exactly_the_cut_replies_out_of_the_loss(tiny_tokenizer):
     ep = play(tok, "mask", [LONG, SHORT, LONG])
     assert ep.masked_turns == [0, 2]
     mask = trained_mask(ep)
+    assert len(mask) == len(ep.env_mask)
     for t, (a, b) in enumerate(zip(ep.reply_starts, ep.turn_end_positions)):
         want = 0 if t in (0, 2) else 1
         assert mask[a : b + 1] == [want] * (b + 1 - a), t
