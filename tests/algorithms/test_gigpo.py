@@ -254,3 +254,40 @@ def test_training_with_gigpo_puts_each_turns_advantage_on_its_tokens(tmp_path, t
         make_args(tmp_path, advantage_estimator="gigpo", gigpo_mode="std")
     with pytest.raises(ValueError, match="skip_zero_advantage_steps needs a group estimator"):
         make_args(tmp_path, advantage_estimator="gigpo", skip_zero_advantage_steps=True)
+
+
+def test_the_registry_turns_the_whole_kept_batch_into_this_processs_token_advantages():
+    """estimators.turn_advantages: GiGPO on every kept episode (scored.keep order, kept rewards), then this process's
+    share ``mine`` placed on its rows' reply tokens."""
+    from types import SimpleNamespace
+
+    from starpo_trl.algorithms.estimators import turn_advantages
+    from starpo_trl.rollout.engine import Episode, StartState
+
+    def ep(seed, turns, states):
+        n = len(turns)  # one token per reply, one env token after it: reply t at 2t
+        return Episode(
+            StartState("starpo/FrozenLake-v0", seed),
+            [1],
+            completion_ids=list(range(2 * n)),
+            turn_rewards=turns,
+            turn_states=states,
+            reply_starts=[2 * t for t in range(n)],
+            turn_end_positions=[2 * t for t in range(n)],
+        )
+
+    episodes = [ep(9, [5.0], ["Z"]), ep(9, [5.0], ["Z"]), ep(1, [0.0, 1.0], ["A", "B"]), ep(1, [0.0, 0.0], ["A", "C"])]
+    scored = SimpleNamespace(keep=torch.tensor([2, 3]), kept_rewards=torch.tensor([1.0, 0.0]))
+    args = SimpleNamespace(
+        advantage_estimator="gigpo",
+        num_generations=2,
+        turn_gamma=0.5,
+        gigpo_mode="mean_norm",
+        step_advantage_weight=1.0,
+    )
+    # episode adv +-0.5; anchor A: returns 0.5 and 0 (+-0.25); B and C alone
+    rows = [episodes[3]]  # this process holds the second kept episode
+    adv = turn_advantages(episodes, scored, args, slice(1, 2), rows, [0], 5)
+    assert adv.tolist() == [[-0.75, 0, -0.5, 0, 0]]
+    both = turn_advantages(episodes, scored, args, slice(0, 2), [episodes[2], episodes[3]], [0, 1], 4)
+    assert both.tolist() == [[0.75, 0, 0.5, 0], [-0.75, 0, -0.5, 0]]

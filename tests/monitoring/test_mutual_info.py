@@ -370,3 +370,10 @@ def test_mi_from_sample_divides_each_reasoning_by_its_own_token_count(tiny_token
     per_token = -sum(s / len(z) for s, z in zip(scores, zs)) / 3
     assert out["conditional_entropy_per_token"] == pytest.approx(per_token, abs=1e-4)
     assert (out["num_inputs"], out["num_reasonings"]) == (2.0, 3.0)
+
+
+def test_ragens_zscore_ema_by_hand():
+    from starpo_trl.monitoring.mi_statistics import ragen_zscore_ema
+
+    assert ragen_zscore_ema(0.5, 0.099) == pytest.approx(0.5 / 0.1)
+    assert ragen_zscore_ema(0.3, 0.0) == pytest.approx(300.0)
