@@ -200,6 +200,18 @@ class StarPOConfig(GRPOConfig):
         (`loss_type` dapo, cispo or vespo; the default), so padding changes nothing. A step that keeps
         nothing is skipped (`rollout/empty_after_filter`).
         rollout_filter_empty_stop_steps (`int`, 5): that many such steps in a row stop training.
+        rollout_filter_refill (`bool`, False): dynamic sampling. When a training step's filter keeps fewer
+            groups than `refill_groups()`, play further rounds from new start states (training seeds not
+            played before in the run; as many groups per round as `num_start_states`, each round filtered on
+            its own) until it has them or `rollout_filter_max_rounds` rounds were played, then train on
+            the best that many by the filter's score (or all, when fewer). Needs a filter that can keep
+            fewer (`rollout_filter_include_zero=False`, or `top_p` / `min_p`). Logged: `rollout/refill_rounds`,
+            `rollout/groups_generated`, `rollout/groups_generated_per_kept`, `rollout/refill_short`.
+            Held-out evaluation never refills (see `starpo_trl.refill`).
+        rollout_filter_max_rounds (`int`, 4): rounds a refilled step plays at most, the first included.
+        rollout_filter_refill_groups (`int`, None): the kept-group count a refill aims at, at most
+            `num_start_states`; None: the strategy's own count (`top_k`: `ceil(ratio x num_start_states)`
+            per env scope, `top_k_abs`: `ratio`), or `num_start_states` with `top_p` / `min_p`.
 
         > Advantages and the critic
 
@@ -403,6 +415,14 @@ class StarPOConfig(GRPOConfig):
     rollout_filter_eps: float = field(default=0.01, metadata={"help": "top_p linear: threshold slack."})
     rollout_filter_empty_stop_steps: int = field(
         default=5, metadata={"help": "Stop after this many steps in a row whose filter kept nothing."}
+    )
+    rollout_filter_refill: bool = field(
+        default=False,
+        metadata={"help": "Play more rounds from new start states while the filter keeps too few groups."},
+    )
+    rollout_filter_max_rounds: int = field(default=4, metadata={"help": "Refill: rounds per step at most."})
+    rollout_filter_refill_groups: int | None = field(
+        default=None, metadata={"help": "Refill: kept groups to reach (default: the strategy's count)."}
     )
 
     advantage_estimator: str = field(
@@ -814,14 +834,49 @@ class StarPOConfig(GRPOConfig):
             )
         if self.rollout_filter_eps < 0:
             raise ValueError(f"rollout_filter_eps must be >= 0, got {self.rollout_filter_eps}")
+        self._check_refill()
+
+    def _check_refill(self) -> None:
+        if not self.rollout_filter_refill:
+            return
+        if self.fixed_kept_groups() is not None:
+            raise ValueError(
+                f"rollout_filter_refill=True never refills: rollout_filter_metric={self.rollout_filter_metric!r} with "
+                f"{self.rollout_filter_strategy!r} and include_zero={self.rollout_filter_include_zero} keeps the same "
+                "number of groups every step. Set rollout_filter_include_zero=False (zero-variance groups are dropped, "
+                "then replaced) or use top_p / min_p, or turn the refill off."
+            )
+        if self.rollout_filter_max_rounds < 2:
+            raise ValueError(
+                f"rollout_filter_max_rounds={self.rollout_filter_max_rounds} plays no extra round: set it to 2 or more "
+                "with rollout_filter_refill=True."
+            )
+        target = self.rollout_filter_refill_groups
+        if target is not None and not 1 <= target <= self.num_start_states:
+            raise ValueError(
+                f"rollout_filter_refill_groups={target} must be between 1 and num_start_states={self.num_start_states} "
+                "(a step trains on at most as many groups as one round plays)."
+            )
 
     def fixed_kept_groups(self) -> int | None:
         """How many groups every step keeps, or None when the filter's strategy lets it vary."""
-        groups = self.num_start_states
         if self.rollout_filter_metric == "none":
-            return groups
+            return self.num_start_states
         if not self.rollout_filter_include_zero or self.rollout_filter_strategy in ("top_p", "min_p"):
             return None
+        return self._strategy_count()
+
+    def refill_groups(self) -> int:
+        """The kept-group count a refilled step aims at (``rollout_filter_refill_groups``)."""
+        if self.rollout_filter_refill_groups is not None:
+            return self.rollout_filter_refill_groups
+        if self.rollout_filter_strategy in ("top_p", "min_p"):
+            return self.num_start_states
+        return self._strategy_count()
+
+    def _strategy_count(self) -> int:
+        """The groups ``top_k`` / ``top_k_abs`` keep when every group is a candidate."""
+        groups = self.num_start_states
         per_env = (
             split_groups(self.train_envs(), groups)
             if self.env_configs is not None and self.rollout_filter_scope == "per_env"
@@ -959,6 +1014,8 @@ NUMBER_RANGES = {
             "eval_rollout_batch_size",
             *EPISODE_BUDGETS,
             "rollout_filter_empty_stop_steps",
+            "rollout_filter_max_rounds",
+            "rollout_filter_refill_groups",
             "max_empty_steps",
             "critic_epochs",
             "collapse_guard_warmup_steps",

@@ -32,6 +32,7 @@ from starpo_trl.monitoring.guard import build_guard
 from starpo_trl.monitoring.metrics import episode_means, held_out_metrics, sample_rows
 from starpo_trl.monitoring.model_card import write_model_card
 from starpo_trl.monitoring.step_log import StepLog
+from starpo_trl.refill import Refiller
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
@@ -111,14 +112,16 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
         )
         self.empty_steps = EmptySteps(args, lambda: self.model.parameters())
-        self.add_callback(self.empty_steps)
         self.guard = build_guard(args, zero3, self.save_model, self.critic)
-        if self.guard is not None:
-            self.add_callback(self.guard)
+        for callback in [self.empty_steps] + ([self.guard] if self.guard is not None else []):
+            self.add_callback(callback)
         shaping = self.rollout_config.think_shaping.enabled or reasoning_reward_fn is not None
         named = args.train_envs() + args.eval_envs()
         self.step_log = StepLog(args, self.num_generations, lambda ep: metrics_name(named, ep.start), shaping)
         self.kept_group_history = self.step_log.kept_groups  # per step: the groups kept, every group's std
+        refill = args.rollout_filter_refill  # more rounds when the filter keeps too few groups (starpo_trl.refill)
+        play, gather, g = self._play_and_reward, self._gather_episodes, self.num_generations
+        self.refiller = Refiller(args, self.group_envs, g, play, gather, self.accelerator) if refill else None
 
     # -- rollouts ------------------------------------------------------------------------------------
     def play(self, starts: list[StartState], temperature: float) -> Rollout:
@@ -143,6 +146,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 starts, temperature, HFBackend(unwrapped, self._tokenizer.pad_token_id, self.eos_token_ids), progress
             )
 
+    def _play_and_reward(self, starts: list[StartState], mode: str = "train") -> Rollout:
+        """``play`` at the training temperature, then the TRL-style reward functions on these episodes."""
+        rollout = self.play(starts, self.temperature)
+        rewards = add_function_rewards(rollout, self.extra_reward_funcs, self.args.reward_func_errors)
+        self._log(mode, {f"rewards/{name}/mean": mean for name, mean in rewards.items()})
+        return rollout
+
     def _gather_episodes(self, local: list[Episode]) -> list[Episode]:
         """Every process's episodes, in process order (the order of TRL's sampler, so groups stay contiguous)."""
         return local if self.accelerator.num_processes == 1 else gather_object(local)
@@ -166,15 +176,17 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         starts = process_starts(
             self.group_envs, [x["seed"] for x in inputs], self.num_generations, self.accelerator.process_index
         )
-        rollout = self.play(starts, self.temperature)
-        # TRL-style reward functions, on this process's episodes (each function runs once per episode)
-        rewards = add_function_rewards(rollout, self.extra_reward_funcs, args.reward_func_errors)
-        self._log(mode, {f"rewards/{name}/mean": mean for name, mean in rewards.items()})
+        rollout = self._play_and_reward(starts, mode)
         episodes = self._gather_episodes(rollout)
         if mode == "train" and args.mi_metrics_every and self.state.global_step % args.mi_metrics_every == 0:
             step, tok = self.state.global_step, self._tokenizer  # MI metrics on this process's episodes
             mi = self.step_log.mutual_information(self.model, rollout, tok, self.temperature, step, self.accelerator)
             self._log(mode, mi)
+        kept_groups, group_env = None, self.group_env_index
+        if mode == "train" and self.refiller is not None:  # more rounds while the filter keeps too few groups
+            refilled, refill_metrics = self.refiller(episodes, self.state.global_step, rollout.timings)
+            episodes, kept_groups, group_env = refilled.episodes, refilled.kept_groups, refilled.group_env
+            self._log(mode, refill_metrics)
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
         scored = score_rollout(
             [ep.reward for ep in episodes],
@@ -184,7 +196,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.scale_rewards,
             *episode_filter_values(episodes, args.rollout_filter_metric),
             num_processes=self.accelerator.num_processes,
-            group_env=self.group_env_index,
+            group_env=group_env,
+            kept_groups=kept_groups,
         )
         # this process's share of the kept batch: its kept episodes, their training rows, padding rows
         share = len(scored.keep) // self.accelerator.num_processes
@@ -325,6 +338,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         run_state = {**self.step_log.state_dict(), **self.empty_steps.state_dict()}
+        run_state.update(self.refiller.seeds.state_dict() if self.refiller is not None else {})
         save_checkpoint_extras(folder, self.critic, run_state, write=self.args.should_save)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -334,6 +348,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             run_state = load_checkpoint_extras(checkpoint, self.critic)
             self.step_log.load_state_dict(run_state)
             self.empty_steps.load_state_dict(run_state)
+            if self.refiller is not None:
+                self.refiller.seeds.load_state_dict(run_state)
 
     def load_critic(self, checkpoint: str) -> None:
         """Restore the critic (weights and optimizer) saved in ``checkpoint/value_model``, if any."""

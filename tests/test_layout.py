@@ -55,6 +55,33 @@ def test_no_long_function_without_a_reason():
     assert not long, long
 
 
+TRAINER_PUBLIC = {"play", "evaluate_success", "load_critic"}  # its own documented methods
+# calls that compute: a trainer method making one does math that belongs in a wing, as a pure function
+MATH = {"exp", "softmax", "log_softmax", "logsumexp", "mean", "nanmean", "std", "var", "cumsum", "where"}
+MATH |= {"clamp", "clip", "sqrt", "sigmoid", "topk", "sort", "argmax", "argsort", "norm", "whiten"}
+
+
 def test_the_trainer_stays_thin():
-    """The trainer only orchestrates (docs/architecture.md): at most 380 lines (676 before the layers)."""
-    assert len((ROOT / "starpo_trl" / "trainer.py").read_text().splitlines()) <= 380
+    """The trainer only orchestrates (docs/architecture.md), checked by what it holds rather than by a line count
+    (a 380-line cap stood here; it invited squeezing lines instead of moving work out): one class and no
+    module-level function; each method overrides a GRPOTrainer method, is one of its documented public methods,
+    or is a private step (``_name``) of the hook; no method calls a math function (the wings compute)."""
+    from trl import GRPOTrainer
+
+    tree = ast.parse((ROOT / "starpo_trl" / "trainer.py").read_text())
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert [type(n).__name__ for n in defs] == ["ClassDef"], [n.name for n in defs]
+    methods = [n for n in defs[0].body if isinstance(n, ast.FunctionDef)]
+    odd = [
+        m.name
+        for m in methods
+        if not (hasattr(GRPOTrainer, m.name) or m.name in TRAINER_PUBLIC or m.name.startswith("_"))
+    ]
+    assert len(methods) > 10 and not odd, odd
+    computing = sorted(
+        f"{m.name}: {node.func.attr}"
+        for m in methods
+        for node in ast.walk(m)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MATH
+    )
+    assert not computing, computing

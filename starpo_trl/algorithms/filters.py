@@ -126,3 +126,13 @@ def _non_negative(scores: torch.Tensor, what: str) -> None:
 def expand_groups(group_indices: torch.Tensor, group_size: int) -> torch.Tensor:
     """Trajectory indices of the given groups. (K,) -> (K * group_size,)."""
     return (group_indices[:, None] * group_size + torch.arange(group_size)[None, :]).reshape(-1)
+
+
+def best_groups(scores: torch.Tensor, candidates: torch.Tensor, count: int, largest: bool = True) -> torch.Tensor:
+    """The ``count`` best of the groups ``candidates`` (indices into ``scores``), best first: ties keep the
+    earlier group, a NaN score (every episode failed) comes last."""
+    candidates = torch.sort(candidates).values
+    key = scores[candidates].double()
+    key = key if largest else -key
+    order = torch.sort(torch.nan_to_num(-key, nan=math.inf), stable=True).indices
+    return candidates[order][:count]

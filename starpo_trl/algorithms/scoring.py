@@ -25,6 +25,21 @@ class Scored:
     advantages: torch.Tensor | None  # (K * G,) from a group estimator; None when a critic gives them per token
 
 
+def filter_scores(
+    rewards: torch.Tensor,
+    group_size: int,
+    args,
+    entropies: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, bool]:
+    """Each group's score under ``args.rollout_filter_metric`` (not ``none``), and whether the filter keeps
+    the largest scores (``std_rev`` is ``std`` kept smallest first)."""
+    metric, largest = args.rollout_filter_metric, args.rollout_filter_type == "largest"
+    if metric == "std_rev":
+        metric, largest = "std", False
+    return group_scores(rewards, group_size, metric, entropies, lengths), largest
+
+
 def filter_groups(
     rewards: torch.Tensor,
     group_size: int,
@@ -39,12 +54,9 @@ def filter_groups(
     applies the strategy within each env's groups (a quota per env). Under several processes the
     lowest-scored kept groups are dropped until the kept rows divide evenly among them."""
     num_groups = rewards.numel() // group_size
-    metric, largest = args.rollout_filter_metric, args.rollout_filter_type == "largest"
-    if metric == "none":
+    if args.rollout_filter_metric == "none":
         return torch.arange(num_groups)
-    if metric == "std_rev":
-        metric, largest = "std", False
-    scores = group_scores(rewards, group_size, metric, entropies, lengths)
+    scores, largest = filter_scores(rewards, group_size, args, entropies, lengths)
 
     def select(subset: torch.Tensor) -> torch.Tensor:
         kept = select_groups(
@@ -70,6 +82,14 @@ def filter_groups(
     return torch.sort(kept).values
 
 
+def episode_reward_tensor(episode_rewards: list[float], failed: torch.Tensor, args) -> torch.Tensor:
+    """Episode rewards as the filter and the estimators use them: a failed episode's is NaN (left out,
+    ``env_error_policy="exclude"``) or ``env_failure_reward``."""
+    rewards = torch.tensor(episode_rewards, dtype=torch.float32)
+    rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
+    return rewards
+
+
 def score_rollout(
     episode_rewards: list[float],
     failed: torch.Tensor,
@@ -80,23 +100,25 @@ def score_rollout(
     lengths: list[int] | None = None,
     num_processes: int = 1,
     group_env: list[int] | None = None,
+    kept_groups: torch.Tensor | None = None,
 ) -> Scored:
     """Failed episodes are left out (NaN: out of their group's statistics, advantage 0) or given
     ``env_failure_reward`` (``env_error_policy``); the rollout filter ranks the groups on the RAW
     rewards of the whole batch (``filter_groups``); the kept rewards are normalised; a group
     estimator then gives each kept episode its advantage. ``args`` is the ``StarPOConfig``;
-    ``entropies`` / ``lengths`` per episode feed those filter metrics."""
-    rewards = torch.tensor(episode_rewards, dtype=torch.float32)
-    rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
-    kept_groups = filter_groups(
-        rewards,
-        group_size,
-        args,
-        None if entropies is None else torch.tensor(entropies, dtype=torch.float32),
-        None if lengths is None else torch.tensor(lengths, dtype=torch.float32),
-        num_processes,
-        group_env,
-    )
+    ``entropies`` / ``lengths`` per episode feed those filter metrics. ``kept_groups`` given (the
+    refill's choice over several rounds, ``starpo_trl.refill``) replaces the filter's."""
+    rewards = episode_reward_tensor(episode_rewards, failed, args)
+    if kept_groups is None:
+        kept_groups = filter_groups(
+            rewards,
+            group_size,
+            args,
+            None if entropies is None else torch.tensor(entropies, dtype=torch.float32),
+            None if lengths is None else torch.tensor(lengths, dtype=torch.float32),
+            num_processes,
+            group_env,
+        )
     keep = expand_groups(kept_groups, group_size)
     kept_rewards = normalize_rewards(rewards[keep], group_size, args.reward_normalization, args.reward_norm_scope)
     estimator = get_estimator(args.advantage_estimator)
