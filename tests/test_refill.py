@@ -272,3 +272,40 @@ def test_a_resumed_run_remembers_the_seeds_played_before_the_checkpoint(tmp_path
     assert len(after) == 2  # the resumed trainer's first call again answers alike: a refill round
     step1 = set(before[0]) | set(before[1])
     assert not set(after[1]) & step1 and step1 <= trainer.refiller.seeds.played
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(advantage_estimator="gigpo", max_turns=2),
+        dict(advantage_estimator="bilevel_gae", max_turns=2),
+        dict(context_window="window:1", max_turns=2),
+        dict(env_configs=[{"env_id": "starpo/Bandit-v0", "env_kwargs": {"expected_reward": True}, "n_groups": 2},
+                          {"env_id": "starpo/Bandit-v0", "env_kwargs": {"expected_reward": True, "show_payouts": False},
+                           "n_groups": 2, "name": "Bandit-hidden"}],
+             env_id=None),
+    ],
+    ids=["gigpo", "critic", "context-window", "two-envs"],
+)  # fmt: skip
+def test_a_refilled_step_trains_with_per_turn_credit_a_critic_a_window_and_several_envs(
+    tmp_path, tiny_model, tiny_tokenizer, settings
+):
+    kw = dict(REFILL, max_steps=1, env_kwargs={"expected_reward": True}, num_train_seeds=1000, **settings)
+    args = make_args(tmp_path, **kw)
+    first_round_calls = args.max_turns  # every reply of the first round's turns is the same
+
+    def reply(call: int, i: int) -> str:
+        return "no answer here" if call < first_round_calls or i % 2 else "<think>x</think><answer>Dragon</answer>"
+
+    backend = ScriptedBackend(tiny_tokenizer, reply, tiny_tokenizer.eos_token_id)
+    trainer = MultiTurnStarPOTrainer(tiny_model, args, processing_class=tiny_tokenizer, backend=backend)
+    trainer.train()
+    (step,) = trainer.kept_group_history
+    stds = step["group_std"]
+    assert len(stds) == 8 and min(step["kept"]) >= 4
+    if "env_configs" in settings:  # the filter ranks each env's groups apart (rollout_filter_scope per_env): one each
+        assert step["kept"] == [4 + top(stds[4:6], 1)[0], 6 + top(stds[6:8], 1)[0]]
+    else:
+        assert step["kept"] == top(stds, 2)
+    (logged,) = [r for r in trainer.state.log_history if "rollout/refill_rounds" in r]
+    assert logged["rollout/refill_rounds"] == 2.0 and logged["rollout/groups_generated_per_kept"] == 4.0
