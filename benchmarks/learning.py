@@ -18,6 +18,13 @@ std, RAGEN's current recommendation (reward variance, linear top-p 0.9, zero-var
 dropped) and no filter; final held-out success, mean kept share of the episodes, steps the
 filter emptied, wall time; into results.json "filter_strategies" and BENCHMARKS.md.
 
+``credit``, ``refill``, ``overlong`` (the turn-level credit, refill and overlong comparisons): on FrozenLake and
+Sokoban (``--env`` for one), from each env's warm start, seeds 0, 1, 2 of each variant in ``COMPARISONS``
+(GRPO / GiGPO / bi-level GAE; RAGEN's filter without and with the refill; overlong keep / mask / penalty on
+12-token replies): final held-out success, wall time, tokens trained per step, generated episodes per
+trained episode, share of cut turns; into results.json "credit_assignment", "refill", "overlong" and
+BENCHMARKS.md. About 25 minutes per env and part on 2 CPU cores alone (the critic's runs take longer).
+
 ``windows``: on FrozenLake and Sokoban (``--env`` for one), from each env's warm start (trained on whole histories), seeds 0, 1, 2 of
 ``context_window`` full, window:1 and single_turn (training and held-out evaluation alike): final
 held-out success, mean tokens of the training rows per step, wall time; into results.json
@@ -110,7 +117,7 @@ def run_from(warm_dir: pathlib.Path, args):
     return trainer, trainer.evaluate_success()
 
 
-def variant_runs(env_id: str, variants: dict[str, dict]):
+def variant_runs(env_id: str, variants: dict[str, dict], tag: str = ""):
     """For each variant (label -> settings over the recipe) and seed: a StarPO run from the env's cached
     warm start; yields ``(label, seed, log_history, final held-out metrics, wall seconds)``."""
     from envs.contract import env_name
@@ -120,7 +127,7 @@ def variant_runs(env_id: str, variants: dict[str, dict]):
     warm_dir = warm_started(recipe, OUT / name / "warm")
     for k, (label, settings) in enumerate(variants.items()):
         for seed in SEEDS:
-            out = OUT / name / f"{settings.get('context_window', 'full').replace(':', '')}-variant{k}-s{seed}"
+            out = OUT / name / f"{tag or settings.get('context_window', 'full').replace(':', '')}-variant{k}-s{seed}"
             _, args, _, _ = parse(recipe, output_dir=str(out), seed=seed, max_steps=max_steps, **settings)
             start = time.time()
             trainer, final = run_from(warm_dir, args)
@@ -284,6 +291,74 @@ def ratios() -> None:
     store("learning", {"per_env": results, "ratios": list(RATIOS)}, seeds=SEEDS)
 
 
+# #47's comparisons, each from the envs' warm starts, same budgets, 3 seeds: label -> settings over the recipe
+RAGEN_FILTER = STRATEGIES["top_p linear 0.9, no zero groups (RAGEN now)"]
+COMPARISONS = {
+    "credit": (
+        "credit_assignment",
+        {
+            "GRPO": {"advantage_estimator": "grpo"},
+            "GiGPO (mean_norm, weight 1)": {"advantage_estimator": "gigpo"},
+            "bi-level GAE (critic)": {"advantage_estimator": "bilevel_gae"},
+        },
+    ),
+    "refill": (
+        "refill",
+        {
+            "RAGEN filter": RAGEN_FILTER,
+            "RAGEN filter + refill (4 rounds)": {**RAGEN_FILTER, "rollout_filter_refill": True},
+        },
+    ),
+    "overlong": (
+        "overlong",
+        {
+            f"{mode}, 12-token replies": {"overlong_turns": mode, "max_tokens_per_turn": 12, "overlong_buffer": 4}
+            for mode in ("keep", "mask", "penalty")
+        },
+    ),
+}
+
+
+QUICK = False  # --max_steps given: a quick check, printed and not stored
+
+
+def mean_of(history: list[dict], key: str) -> float | None:
+    values = [r[key] for r in history if key in r]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def compare(part: str) -> None:
+    """One of ``COMPARISONS`` on ``ENVS``: per variant and seed the final held-out success, wall time, mean
+    tokens trained per step, kept share, generated episodes per trained episode and share of cut turns."""
+    from report import store
+
+    section, variants = COMPARISONS[part]
+    results = {}
+    for env_id in ENVS:
+        runs = []
+        for label, seed, history, final, wall in variant_runs(env_id, variants, tag=part):
+            kept = mean_of(history, "rollout/kept_fraction")
+            runs.append(
+                {
+                    "variant": label,
+                    "seed": seed,
+                    "final_success": final["success"],
+                    "wall_seconds": wall,
+                    "tokens_per_step": mean_of(history, "rollout/tokens_trained"),
+                    "kept_fraction_mean": kept,
+                    "generated_per_trained": round(1 / kept, 3) if kept else None,
+                    "cut_turn_fraction": mean_of(history, "rollout/cut_turn_fraction"),
+                    "refill_rounds_mean": mean_of(history, "rollout/refill_rounds"),
+                }
+            )
+            print(env_id, runs[-1], flush=True)
+        results[env_id] = {"runs": runs, **stamp()}
+    if QUICK:
+        return
+    results = {**kept_results(section), **results}
+    store(section, {"per_env": results, "variants": variants}, seeds=SEEDS)
+
+
 def stamp() -> dict:
     """When and at which commit an env's results were measured (sections merge envs run at different times)."""
     import subprocess
@@ -305,12 +380,21 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", help="ratios, strategies, windows (default: ratios strategies)")
+    parser.add_argument(
+        "parts", nargs="*", help="ratios, strategies, windows, credit, refill, overlong (default: ratios strategies)"
+    )
+    parser.add_argument(
+        "--max_steps", type=int, help="override the recipes' RL steps (a quick check; not for results)"
+    )
     parser.add_argument("--env", action="append", help="strategies / windows on this env only (repeatable)")
     cli = parser.parse_args()
     ENVS = tuple(cli.env or STRATEGY_ENVS)
     parts = cli.parts or ["ratios", "strategies"]
-    if set(parts) - {"ratios", "strategies", "windows"}:
-        parser.error(f"parts are ratios, strategies, windows; got {parts}")
+    if set(parts) - {"ratios", "strategies", "windows", *COMPARISONS}:
+        parser.error(f"parts are ratios, strategies, windows, {', '.join(COMPARISONS)}; got {parts}")
+    if cli.max_steps:
+        QUICK = True
+        RECIPES = {k: (recipe, cli.max_steps) for k, (recipe, _) in RECIPES.items()}
     for part in parts:
-        {"ratios": ratios, "strategies": strategies, "windows": windows}[part]()
+        run = {"ratios": ratios, "strategies": strategies, "windows": windows}.get(part)
+        run() if run else compare(part)

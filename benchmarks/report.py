@@ -260,6 +260,9 @@ def write(results: dict) -> None:
                     + f" | {x['tokens_per_step']:.0f} |"
                 )
         lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
+    for section, part, title in COMPARISON_SECTIONS:
+        if section in results:
+            lines += comparison_lines(results[section], part, title)
     if "filter_strategies" in results:
         r = results["filter_strategies"]
         lines += [
@@ -507,6 +510,43 @@ def write(results: dict) -> None:
         ]
     MARKDOWN.write_text("\n".join(lines))
     README.write_text(render_readme(README.read_text(), results))
+
+
+COMPARISON_SECTIONS = (
+    ("credit_assignment", "credit", "turn-level credit: GiGPO against GRPO and a bi-level GAE critic"),
+    ("refill", "refill", "refilling the filtered batch"),
+    ("overlong", "overlong", "overlong turns"),
+)
+
+
+def comparison_lines(r: dict, part: str, title: str) -> list[str]:
+    """A ``learning.py`` comparison (credit, refill, overlong): per env and variant, the seeds' final held-out
+    success (mean, each), and the means of wall time, tokens trained per step, generated episodes per trained
+    episode and the share of cut turns."""
+
+    def avg(runs, key, fmt):
+        values = [x[key] for x in runs if x.get(key) is not None]
+        return format(sum(values) / len(values), fmt) if values else "-"
+
+    lines = [
+        f"## Learning: {title} (`python benchmarks/learning.py {part}`, {stamp(r)})",
+        "",
+        "Tiny offline model, one warm start per env (the demo recipe's), then StarPO with each variant, the same "
+        f"budgets, seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.",
+        "",
+        "| env | variant | final success (mean) | per seed | wall s | tokens / step | generated / trained | cut turns |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for env_id, e in r["per_env"].items():
+        for label in dict.fromkeys(x["variant"] for x in e["runs"]):
+            runs = [x for x in e["runs"] if x["variant"] == label]
+            lines.append(
+                f"| `{env_id}` | {label} | {avg(runs, 'final_success', '.3f')} | "
+                + ", ".join(f"{x['final_success']:.3f}" for x in runs)
+                + f" | {avg(runs, 'wall_seconds', '.0f')} | {avg(runs, 'tokens_per_step', '.0f')} | "
+                f"{avg(runs, 'generated_per_trained', '.2f')} | {avg(runs, 'cut_turn_fraction', '.3f')} |"
+            )
+    return lines + (["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""])
 
 
 def without_seed(flags: str) -> str:

@@ -313,6 +313,27 @@ def test_context_windows_table(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.parametrize(
+    "section, part", [("credit_assignment", "credit"), ("refill", "refill"), ("overlong", "overlong")]
+)
+def test_comparison_tables(tmp_path, monkeypatch, section, part):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    run = dict(tokens_per_step=900.0, kept_fraction_mean=0.5, generated_per_trained=2.0, refill_rounds_mean=None)
+    runs = [
+        {**run, "variant": "A", "seed": 0, "final_success": 0.3, "wall_seconds": 10.0, "cut_turn_fraction": 0.1},
+        {**run, "variant": "A", "seed": 1, "final_success": 0.6, "wall_seconds": 20.0, "cut_turn_fraction": 0.2},
+        {**run, "variant": "B", "seed": 0, "final_success": 0.5, "wall_seconds": 30.0, "cut_turn_fraction": None},
+    ]
+    report.store(section, {"per_env": {"starpo/Sokoban-v0": {"runs": runs}}, "variants": {}}, seeds=[0, 1])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert f"(`python benchmarks/learning.py {part}`" in text
+    assert "| `starpo/Sokoban-v0` | A | 0.450 | 0.300, 0.600 | 15 | 900 | 2.00 | 0.150 |" in text
+    assert "| `starpo/Sokoban-v0` | B | 0.500 | 0.500 | 30 | 900 | 2.00 | - |" in text
+
+
 def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     """`collapse.py --real --replay` on a hand-made history: early success 0.4 over the first 10 rollouts,
     then 0.1, so the 5-rollout average first falls below 0.2 at step 14 ((0.4 + 4 x 0.1) / 5 = 0.16);

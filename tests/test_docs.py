@@ -131,3 +131,8 @@ def test_every_link_to_a_section_lands_on_a_heading():
             assert anchor in headings, f"{page.name} links to {target}#{anchor}, which has no such heading"
             links += 1
     assert links >= 3
+
+
+def test_the_readme_stays_a_short_guide():
+    """README under 12 KB (#46): what it is, the commands, how a step works, results as tables; the rest in docs/."""
+    assert len((ROOT / "README.md").read_bytes()) < 12 * 1024
