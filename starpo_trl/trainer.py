@@ -36,7 +36,7 @@ from starpo_trl.refill import Refiller
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
-from starpo_trl.rollout.vllm_backend import VLLMBackend, vllm_importance_sampling_ratio
+from starpo_trl.rollout.vllm_backend import VLLMBackend, sync_weights, vllm_importance_sampling_ratio
 
 
 class MultiTurnStarPOTrainer(GRPOTrainer):
@@ -134,7 +134,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 if self.adapter_sync is not None:
                     self.adapter_sync.push(self.state.global_step)
                 else:
-                    self.vllm_generation.sync_weights()
+                    sync_weights(self.vllm_generation)
                 self._last_loaded_step = self.state.global_step
             if self._vllm_backend is None:
                 self._vllm_backend = VLLMBackend(

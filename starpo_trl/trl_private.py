@@ -31,3 +31,5 @@ VLLM_ATTRIBUTES = (
     "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max",
 )
+# TRL's VLLMGeneration internals the CPU weight sync uses (starpo_trl.rollout.vllm_backend.sync_weights)
+VLLM_GENERATION_NAMES = ("_iter_named_params", "mode", "llm")

@@ -42,3 +42,12 @@ def test_the_trainer_uses_no_other_private_parent_name():
     )
     unlisted = sorted(used - ours - allowed)
     assert not unlisted, f"add these parent internals to starpo_trl/trl_private.py: {unlisted}"
+
+
+def test_vllm_generation_internals_the_weight_sync_uses_exist():
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    assert callable(getattr(VLLMGeneration, "_iter_named_params", None)), "VLLMGeneration._iter_named_params is gone"
+    source = inspect.getsource(VLLMGeneration)
+    for name in trl_private.VLLM_GENERATION_NAMES[1:]:
+        assert f"self.{name} =" in source, f"VLLMGeneration no longer sets {name}: update rollout/vllm_backend.py"

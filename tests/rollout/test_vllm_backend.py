@@ -102,3 +102,43 @@ def test_importance_sampling_ratio_by_hand():
     assert nan.tolist()[0] == [1.0, 1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="vllm_importance_sampling_mode"):
         vllm_importance_sampling_ratio(old, sampling, mask, "token_clip")
+
+
+class FakeEngine:
+    """What sync_weights touches of TRL's VLLMGeneration and vLLM's LLM."""
+
+    def __init__(self, mode):
+        from types import SimpleNamespace
+
+        self.mode, self.events = mode, []
+        runner = SimpleNamespace(
+            reload_weights=lambda weights_iterator: self.events.append(("reload", weights_iterator))
+        )
+        worker = SimpleNamespace(model_runner=runner)
+        self.llm = SimpleNamespace(
+            llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker)),
+            reset_prefix_cache=lambda: self.events.append(("reset",)),
+        )
+
+    def _iter_named_params(self):
+        yield from [("a.weight", 1), ("b.weight", 2)]
+
+    def sync_weights(self):
+        self.events.append(("trl",))
+
+
+@pytest.mark.parametrize(
+    "mode, on_cpu, events",
+    [
+        ("colocate", True, [("reload", [("a.weight", 1), ("b.weight", 2)]), ("reset",)]),
+        ("colocate", False, [("trl",)]),
+        ("server", True, [("trl",)]),
+    ],
+)
+def test_weights_reach_a_cpu_engine_by_vllms_reload_and_others_by_trls_sync(monkeypatch, mode, on_cpu, events):
+    from starpo_trl.rollout import vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "_engine_on_cpu", lambda: on_cpu)
+    engine = FakeEngine(mode)
+    vllm_backend.sync_weights(engine)
+    assert engine.events == events
