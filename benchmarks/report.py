@@ -260,6 +260,8 @@ def write(results: dict) -> None:
                     + f" | {x['tokens_per_step']:.0f} |"
                 )
         lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
+    if "vllm_cpu" in results:
+        lines += vllm_cpu_lines(results["vllm_cpu"])
     for section, part, title in COMPARISON_SECTIONS:
         if section in results:
             lines += comparison_lines(results[section], part, title)
@@ -510,6 +512,50 @@ def write(results: dict) -> None:
         ]
     MARKDOWN.write_text("\n".join(lines))
     README.write_text(render_readme(README.read_text(), results))
+
+
+def vllm_cpu_lines(r: dict) -> list[str]:
+    """The real vLLM engine on CPU (``make test-vllm STORE=1``): what its checks measured."""
+    lines = [
+        f"## The real vLLM engine on CPU (`make test-vllm STORE=1`, {stamp(r)})",
+        "",
+        f"vllm-cpu {r['versions']['vllm']}, SmolLM2-135M-Instruct, colocate mode; FrozenLake episodes of 3 turns at "
+        "temperature 1.0. Mismatch = |trainer's logprob - the engine's sampling logprob| of each model token, and of "
+        "each episode's sum (what the importance-sampling correction corrects).",
+        "",
+        "| part | measure | value |",
+        "|---|---|---|",
+    ]
+    for part, x in sorted(r["parts"].items()):
+        if "engine_start_seconds" in x:
+            lines.append(f"| {part} | engine start, s | {x['engine_start_seconds']:.0f} |")
+        if "vllm_dtype" in x:
+            lines.append(
+                f"| {part} | engine dtype (model saved in float32) | {x['vllm_dtype'].replace('torch.', '')} |"
+            )
+        if "episodes" in x and isinstance(x["episodes"], dict):
+            e = x["episodes"]
+            lines.append(
+                f"| {part} | replies kept token for token (ids and logprobs) | {e['replies_verbatim']} of {e['replies']} |"
+            )
+        if "mismatch" in x:
+            m = x["mismatch"]
+            lines.append(
+                f"| {part} | mismatch per token: mean, p90, max ({m['tokens']} tokens) | "
+                f"{m['token_mean']:.4f}, {m['token_p90']:.4f}, {m['token_max']:.4f} |"
+            )
+            lines.append(
+                f"| {part} | mismatch per episode (sum): mean, max | {m['seq_mean']:.3f}, {m['seq_max']:.3f} |"
+            )
+        if "weight_sync" in x:
+            w = x["weight_sync"]
+            lines.append(
+                f"| {part} | after an optimizer step, mean token mismatch against the new / the old weights | "
+                f"{w['against_new']['token_mean']:.4f} / {w['against_old']['token_mean']:.4f} |"
+            )
+        if "train_step_seconds" in x:
+            lines.append(f"| {part} | one StarPO step through the engine, s | {x['train_step_seconds']:.0f} |")
+    return lines + [""]
 
 
 COMPARISON_SECTIONS = (

@@ -334,6 +334,39 @@ def test_comparison_tables(tmp_path, monkeypatch, section, part):
     assert "| `starpo/Sokoban-v0` | B | 0.500 | 0.500 | 30 | 900 | 2.00 | - |" in text
 
 
+def test_vllm_cpu_table(tmp_path, monkeypatch):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    mismatch = dict(tokens=241, token_mean=0.0229, token_p90=0.059, token_max=0.1315, seq_mean=0.1406, seq_max=0.444)
+    sync = {"against_new": {"token_mean": 0.02}, "against_old": {"token_mean": 0.9}}
+    parts = {
+        "colocate": {
+            "engine_start_seconds": 81.8,
+            "vllm_dtype": "torch.bfloat16",
+            "episodes": {"replies": 12, "replies_verbatim": 12},
+            "mismatch": mismatch,
+            "weight_sync": sync,
+            "train_step_seconds": 144.1,
+        },
+        "lora": {"weight_sync": sync},
+    }
+    report.store("vllm_cpu", {"parts": parts, "versions": {"vllm": "0.32.0", "python": "3.11.7"}}, seeds=None)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## The real vLLM engine on CPU (`make test-vllm STORE=1`" in text and "vllm-cpu 0.32.0" in text
+    for row in (
+        "| colocate | engine start, s | 82 |",
+        "| colocate | engine dtype (model saved in float32) | bfloat16 |",
+        "| colocate | replies kept token for token (ids and logprobs) | 12 of 12 |",
+        "| colocate | mismatch per token: mean, p90, max (241 tokens) | 0.0229, 0.0590, 0.1315 |",
+        "| colocate | mismatch per episode (sum): mean, max | 0.141, 0.444 |",
+        "| lora | after an optimizer step, mean token mismatch against the new / the old weights | 0.0200 / 0.9000 |",
+        "| colocate | one StarPO step through the engine, s | 144 |",
+    ):
+        assert row in text, row
+
+
 def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
     """`collapse.py --real --replay` on a hand-made history: early success 0.4 over the first 10 rollouts,
     then 0.1, so the 5-rollout average first falls below 0.2 at step 14 ((0.4 + 4 x 0.1) / 5 = 0.16);
