@@ -222,6 +222,9 @@ def test_a_training_step_refills_from_new_seeds_and_trains_on_the_target(tmp_pat
     assert [r["rollout/refill_short"] for r in logs] == [0.0, 0.0]
     assert [r["rollout/kept_fraction"] for r in logs] == [0.25, 0.5]
     assert set(first) | set(second) | set(third) <= trainer.refiller.seeds.played
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "| rollout filter: more start states while too few groups are kept | `True` |" in card
 
 
 def test_evaluation_never_refills(tmp_path, tiny_model, tiny_tokenizer):

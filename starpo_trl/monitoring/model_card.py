@@ -22,6 +22,7 @@ SETTINGS = (
     ("rollout_filter_strategy", "rollout filter: strategy"),
     ("rollout_filter_ratio", "rollout filter: value (top_k share, top_k_abs count, top_p p, min_p fraction)"),
     ("rollout_filter_include_zero", "rollout filter: keeps zero-score groups"),
+    ("rollout_filter_refill", "rollout filter: more start states while too few groups are kept"),
     ("num_start_states", "start states (groups) per step"),
     ("num_generations", "rollouts per start state"),
     ("max_turns", "max turns"),
