@@ -35,6 +35,7 @@ from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.refill import Refiller
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
+from starpo_trl.rollout.engine import context_window_turns
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 from starpo_trl.rollout.vllm_backend import VLLMBackend, sync_weights, vllm_importance_sampling_ratio
 
@@ -259,7 +260,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
         self._log(mode, self.step_log.critic(targets, loss_mask))
         if mode == "train" and not self.empty_steps.skip:
-            n = len(kept) if len(owner) == len(kept) else len(rows)
+            n = len(rows) if context_window_turns(args.context_window) is not None else len(kept)
             step, reduce = self.state.global_step, self._average_grads
             for stats in fit_critic(self.critic, forward, targets, n, args, step, reduce):
                 self._log(mode, stats)

@@ -17,6 +17,7 @@ import torch
 from starpo_trl.algorithms.advantages import turn_end_mask
 from starpo_trl.algorithms.estimators import get_estimator
 from starpo_trl.algorithms.stats import whiten
+from starpo_trl.rollout.engine import context_window_turns
 
 
 @dataclass
@@ -54,7 +55,7 @@ def critic_targets(
     values = critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
     estimator = get_estimator(args.advantage_estimator).fn
     row_ends = [ep.turn_end_positions for ep in rows]
-    if len(owner) == len(turn_rewards):  # one row per episode (then padding, with zero rewards)
+    if context_window_turns(args.context_window) is None:  # one row per episode (then padding, with zero rewards)
         rewards = list(turn_rewards) + [[0.0] * len(ep.turn_rewards) for ep in rows[len(turn_rewards) :]]
         advantages, returns = estimator(rewards, row_ends, values, loss_mask, args)
     else:

@@ -22,6 +22,7 @@ class FixedCritic:
 def settings(estimator="gae", gamma=1.0, lam=1.0, **kw):
     base = dict(per_device_train_batch_size=8, advantage_estimator=estimator, gamma=gamma, lam=lam)
     base.update(turn_gamma=1.0, turn_lambda=1.0, value_loss_tokens="all", whiten_advantages=False)
+    base.update(context_window="full")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -43,6 +44,7 @@ FULL_MASK = torch.tensor([[1, 1, 0, 0, 1], [1, 1, 0, 0, 0]])
 
 
 def window_targets(args):
+    args = SimpleNamespace(**{**vars(args), "context_window": "window:1"})  # one row per turn
     ids = torch.zeros_like(WINDOW_MASK)
     critic = FixedCritic(WINDOW_VALUES)
     return critic_targets(critic, WINDOW_ROWS, WINDOW_OWNER, TURN_REWARDS, ids, ids, 2, WINDOW_MASK, args)
@@ -250,3 +252,16 @@ def test_fit_critic_passes_the_real_rows_the_targets_and_a_per_step_order():
     assert torch.equal(value_mask, MASK[:2]) and (epochs, micro, clip) == (4, 2, 0.7)
     want = torch.Generator().manual_seed(3 * 1_000_003 + 5)
     assert torch.equal(torch.randperm(10, generator=generator), torch.randperm(10, generator=want))
+
+
+def test_the_row_layout_comes_from_the_context_window_setting_not_from_row_counts():
+    """Two one-turn episodes under a context window have as many rows as episodes; they are still turn rows
+    (joined per episode), and with one turn each that gives what one row per episode gives."""
+    rows, mask = [row(2, [1]), row(2, [1])], torch.tensor([[1, 1], [1, 1]])
+    values, rewards, ids = [[0.5, 0.2], [0.1, 0.3]], [[1.0], [0.5]], torch.zeros(2, 2, dtype=torch.long)
+    full = critic_targets(FixedCritic(values), rows, [0, 1], rewards, ids, ids, 2, mask, settings())
+    window = critic_targets(
+        FixedCritic(values), rows, [0, 1], rewards, ids, ids, 2, mask, settings(context_window="single_turn")
+    )
+    assert torch.allclose(full.advantages, torch.tensor([[0.5, 0.8], [0.4, 0.2]]))
+    assert torch.allclose(window.advantages, full.advantages) and torch.allclose(window.returns, full.returns)
