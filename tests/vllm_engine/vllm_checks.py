@@ -152,10 +152,10 @@ def initial_model():
     return AutoModelForCausalLM.from_pretrained(str(build())).eval()
 
 
-def weight_sync(trainer, tokenizer, starts, before_model) -> dict:
+def weight_sync(trainer, tokenizer, starts, before_model, lr: float = 1e-4) -> dict:
     from starpo_trl.rollout import StartState
 
-    loss = optimizer_step(trainer, tokenizer)
+    loss = optimizer_step(trainer, tokenizer, lr=lr)
     episodes = trainer.play([StartState(*s) for s in starts], TEMPERATURE)
     model = trainer.accelerator.unwrap_model(trainer.model)
     return {"loss": loss, "against_new": mismatch(model, episodes), "against_old": mismatch(before_model, episodes)}
@@ -196,7 +196,8 @@ def lora(out, result: dict) -> dict:
     trainer = MultiTurnStarPOTrainer(str(build()), settings(out, vllm_lora_sync=True), peft_config=peft_config)
     tokenizer = trainer.processing_class
     starts = [("starpo/FrozenLake-v0", s, ()) for s in STARTS]
-    result["weight_sync"] = weight_sync(trainer, tokenizer, starts, initial_model())  # LoRA starts as the base
+    # LoRA starts as the base (B = 0), and its first steps move the output little: a larger rate makes the change clear
+    result["weight_sync"] = weight_sync(trainer, tokenizer, starts, initial_model(), lr=5e-3)
     return result
 
 
