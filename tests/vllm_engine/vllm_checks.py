@@ -3,9 +3,9 @@
 hence the ``__main__`` guard; one engine per part, the results as JSON into argv[1]/<part>.json.
 
 Parts: ``colocate`` (multi-turn episodes through VLLMBackend, token for token; the sampling logprobs against the
-trainer's re-forward; an optimizer step, then the engine's logprobs against the new and the old weights),
-``lora`` (the same weight check with ``vllm_lora_sync``: only the adapter is pushed), ``sleep`` (colocate with
-``vllm_enable_sleep_mode``: what the CPU engine does)."""
+trainer's re-forward; an optimizer step, then the engine's logprobs against the new and the old weights; one
+StarPO step) and ``lora`` (the same weight check with ``vllm_lora_sync``: only the adapter is pushed). Sleep mode
+and TRL's server mode are not covered."""
 
 import json
 import os
@@ -201,17 +201,6 @@ def lora(out, result: dict) -> dict:
     return result
 
 
-def sleep(out, result: dict) -> dict:
-    from starpo_trl import MultiTurnStarPOTrainer
-    from starpo_trl.offline_model import build
-    from starpo_trl.rollout import StartState
-
-    trainer = MultiTurnStarPOTrainer(str(build()), settings(out, vllm_enable_sleep_mode=True))
-    episodes = trainer.play([StartState("starpo/FrozenLake-v0", s, ()) for s in STARTS], TEMPERATURE)
-    result.update(episodes=len(episodes), mismatch=mismatch(trainer.accelerator.unwrap_model(trainer.model), episodes))
-    return result
-
-
 def store_part(part: str, result: dict) -> None:
     """This part's numbers as ``vllm_cpu.<part>`` in benchmarks/results.json (the other parts kept), with provenance."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -235,7 +224,7 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     result = {"ok": True}
     try:
-        {"colocate": colocate, "lora": lora, "sleep": sleep}[part](out / part, result)
+        {"colocate": colocate, "lora": lora}[part](out / part, result)
     except Exception as err:  # what the CPU engine cannot do is a result too (with what ran before it)
         result.update(ok=False, error=f"{type(err).__name__}: {err}"[:2000], traceback=traceback.format_exc()[-4000:])
     (out / f"{part}.json").write_text(json.dumps(result, indent=1))
