@@ -733,6 +733,14 @@ def mi_warm_starts_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
+def _ratio_spread(b: dict) -> str:
+    """``speedup`` with the min-max of its repeats where they were stored (older runs kept a median only)."""
+    repeats = b.get("speedup_repeats")
+    if not repeats:
+        return f"{b['speedup']:.1f} (median only)"
+    return f"{b['speedup']:.1f} ({min(repeats):.1f}-{max(repeats):.1f}, {len(repeats)})"
+
+
 def mi_pass_lines(r: dict) -> list[str]:
     """The MI pass read with a shared prefix vs every concatenation whole (`speed.py mi`)."""
     lines = [
@@ -740,7 +748,8 @@ def mi_pass_lines(r: dict) -> list[str]:
         "",
         f"{r['model']}; one random sample of {r['inputs']} inputs x {r['reasonings']} reasonings, {r['input_len']} and "
         f"{r['reasoning_len']} tokens (a uniform-turn FrozenLake MI pass); `mi_metrics_shared_prefix` true / false; "
-        "median of 2. The scores of the two ways agree to the last column.",
+        "speedup: the median ratio of the repeats, each the two ways side by side (min-max, repeats). The scores "
+        "of the two ways agree to the last column.",
         "",
         "| batch size | forward passes (whole / shared) | whole s | shared prefix s | speedup | largest score difference |",
         "|---|---|---|---|---|---|",
@@ -749,7 +758,7 @@ def mi_pass_lines(r: dict) -> list[str]:
         b = r[f"batch_{batch}"]
         lines.append(
             f"| {batch} | {b['forward_passes_whole']} / {b['forward_passes_shared']} | {b['whole_s']:.2f} | "
-            f"{b['shared_prefix_s']:.2f} | {b['speedup']:.1f} | {b['max_abs_diff']:.1e} |"
+            f"{b['shared_prefix_s']:.2f} | {_ratio_spread(b)} | {b['max_abs_diff']:.1e} |"
         )
     return lines + [""]
 

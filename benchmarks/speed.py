@@ -353,10 +353,12 @@ def mi_pass_rows(
     reasonings: int = 16,
     input_len: int = 600,
     reasoning_len: int = 12,
-    repeats: int = 2,
+    repeats: int = 3,
 ) -> dict:
     """Seconds of ``cross_logprobs`` with and without the shared prefix on one random sample, at the MI
-    pass's batch size of the SmolLM2 FrozenLake recipe (2) and at 16; median of ``repeats``."""
+    pass's batch size of the SmolLM2 FrozenLake recipe (2) and at 16: ``repeats`` pairs, the two ways one
+    after the other in each (side by side); the median seconds of each way, and the ratio of each pair
+    (``speedup_repeats``) with its median (``speedup``)."""
     from starpo_trl.monitoring.mutual_info import cross_logprobs, mi_forward_passes
 
     model.eval()
@@ -367,19 +369,19 @@ def mi_pass_rows(
     rows = {"model": name, "inputs": inputs, "reasonings": reasonings, "input_len": input_len}
     rows["reasoning_len"] = reasoning_len
     for batch in (2, 16):
-        seconds, scores = {}, {}
-        for shared in (False, True):
-            times = []
-            for _ in range(repeats):
+        times, scores = {False: [], True: []}, {}
+        for _ in range(repeats):
+            for shared in (False, True):
                 start = time.perf_counter()
                 scores[shared] = cross_logprobs(model, xs, zs, 0, batch_size=batch, shared_prefix=shared)
-                times.append(time.perf_counter() - start)
-            seconds[shared] = statistics.median(times)
-            print(f"mi pass batch {batch} shared {shared}: {seconds[shared]:.2f}s", flush=True)
+                times[shared].append(time.perf_counter() - start)
+            print(f"mi pass batch {batch}: whole {times[False][-1]:.2f}s, shared {times[True][-1]:.2f}s", flush=True)
+        ratios = [round(w / h, 2) for w, h in zip(times[False], times[True])]
         rows[f"batch_{batch}"] = {
-            "whole_s": round(seconds[False], 3),
-            "shared_prefix_s": round(seconds[True], 3),
-            "speedup": round(seconds[False] / seconds[True], 2),
+            "whole_s": round(statistics.median(times[False]), 3),
+            "shared_prefix_s": round(statistics.median(times[True]), 3),
+            "speedup": round(statistics.median(ratios), 2),
+            "speedup_repeats": ratios,
             "max_abs_diff": float((scores[True] - scores[False]).abs().max()),
             "forward_passes_whole": mi_forward_passes(inputs, reasonings, batch, False),
             "forward_passes_shared": mi_forward_passes(inputs, reasonings, batch, True),

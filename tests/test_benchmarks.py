@@ -201,11 +201,15 @@ def test_mi_pass_rows_and_table(tmp_path, monkeypatch, tiny_tokenizer):
     assert rows["batch_2"]["max_abs_diff"] < 1e-4 and rows["batch_16"]["max_abs_diff"] < 1e-4
     assert (rows["batch_2"]["forward_passes_whole"], rows["batch_2"]["forward_passes_shared"]) == (6, 9)
     assert (rows["batch_16"]["forward_passes_whole"], rows["batch_16"]["forward_passes_shared"]) == (1, 6)
-    rows["batch_2"].update(whole_s=8.0, shared_prefix_s=2.0, speedup=4.0)
+    assert len(rows["batch_2"]["speedup_repeats"]) == 1
+    rows["batch_2"].update(whole_s=8.0, shared_prefix_s=2.0, speedup=4.0, speedup_repeats=[3.5, 4.0, 4.5])
     report.store("mi_pass", rows, seeds=[0])
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "tiny; one random sample of 3 inputs x 4 reasonings, 20 and 3 tokens" in text
-    assert "| 2 | 6 / 9 | 8.00 | 2.00 | 4.0 |" in text
+    assert "| 2 | 6 / 9 | 8.00 | 2.00 | 4.0 (3.5-4.5, 3) |" in text
+    del rows["batch_2"]["speedup_repeats"]  # a run stored before repeats were
+    report.store("mi_pass", rows, seeds=[0])
+    assert "| 2 | 6 / 9 | 8.00 | 2.00 | 4.0 (median only) |" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
 def test_mi_warm_starts_table(tmp_path, monkeypatch):
