@@ -681,9 +681,10 @@ def real_model_speed_lines(r: dict) -> list[str]:
             "",
         ]
     )
+    measured = f" ({stamp(r['speed_provenance'])})" if "speed_provenance" in r else ""
     return caveat + [
-        "Speed (`python benchmarks/real_model.py speed`): each ratio measured side by side in one run: the median of the "
-        "repeats (min-max, repeats).",
+        f"Speed (`python benchmarks/real_model.py speed`{measured}): each ratio measured side by side in one run: the "
+        "median of the repeats (min-max, repeats).",
         "",
         "| measure | value | target |",
         "|---|---|---|",

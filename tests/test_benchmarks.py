@@ -183,6 +183,18 @@ def test_real_model_speed_rows(tmp_path, monkeypatch):
     assert "32 tokens) | 1.20 | <= 1.15: NOT met |" in text
     assert "KV reuse off 80.0, on 42.1, bare `model.generate` 70.5" in text
     assert "the whole history turn 1: 200, turn 2: 290; with KV reuse turn 1: 200, turn 2: 67." in text
+    # the speed run's own provenance (an RL run stored later rewrites the section's) names where it was measured
+    rows["speed_provenance"] = {
+        "machine": "m",
+        "measured_at": "2026-12-06 21:51 UTC",
+        "commit": "92dc410aaaa",
+        "dirty": False,
+    }
+    report.store("real_model", rows, seeds=None)
+    assert (
+        "Speed (`python benchmarks/real_model.py speed` (m, 2026-12-06 21:51 UTC, commit 92dc410))"
+        in (tmp_path / "BENCHMARKS.md").read_text()
+    )
 
 
 def test_mi_pass_rows_and_table(tmp_path, monkeypatch, tiny_tokenizer):
