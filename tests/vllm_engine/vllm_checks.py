@@ -211,7 +211,7 @@ def store_part(part: str, result: dict) -> None:
 
     section = report.load().get("vllm_cpu", {})
     parts = {k: v for k, v in section.get("parts", {}).items() if k != part}
-    command = f"STARPO_STORE_RESULTS=1 python tests/vllm_engine/vllm_checks.py OUT {part} (make test-vllm STORE=1)"
+    command = f"python tests/vllm_engine/vllm_checks.py OUT {part} (STARPO_STORE_RESULTS=1: make test-vllm STORE=1)"
     parts[part] = {k: v for k, v in result.items() if k not in ("ok", "traceback")}
     parts[part]["provenance"] = report.provenance(None, command=command)  # parts may run at different commits
     versions = {"vllm": vllm.__version__, "python": platform.python_version()}
