@@ -134,12 +134,12 @@ def round_filter(args, group_size: int) -> Callable[[list, list[int]], tuple[tor
 class Refiller:
     """The trainer's refill: ``play(starts)`` plays (and scores with the reward functions) this process's
     start states, ``gather(episodes)`` returns every process's in process order; ``group_envs`` is the env of
-    each of a step's groups. Every process calls it with the same gathered first round."""
+    each of a step's groups and ``group_env`` its index among the training envs; a group holds
+    ``args.num_generations`` episodes. Every process calls it with the same gathered first round."""
 
-    def __init__(self, args, group_envs: list[EnvConfig], group_size: int, play, gather, accelerator):
-        self.args, self.group_envs, self.group_size = args, group_envs, group_size
+    def __init__(self, args, group_envs: list[EnvConfig], group_env: list[int], play, gather, accelerator):
+        self.args, self.group_envs, self.group_env, self.group_size = args, group_envs, group_env, args.num_generations
         self.play, self.gather, self.accelerator = play, gather, accelerator
-        self.group_env = [args.train_envs().index(env) for env in group_envs]
         self.seeds = FreshSeeds(args.train_seeds(), args.seed)
 
     def __call__(self, episodes: list, step: int, timings: dict[str, float]) -> tuple[Refilled, dict[str, float]]:

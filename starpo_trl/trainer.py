@@ -121,8 +121,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.step_log = StepLog(args, self.num_generations, lambda ep: metrics_name(named, ep.start), shaping)
         self.kept_group_history = self.step_log.kept_groups  # per step: the groups kept, every group's std
         refill = args.rollout_filter_refill  # more rounds when the filter keeps too few groups (starpo_trl.refill)
-        play, gather, g = self._play_and_reward, self._gather_episodes, self.num_generations
-        self.refiller = Refiller(args, self.group_envs, g, play, gather, self.accelerator) if refill else None
+        play, gather, accel = self._play_and_reward, self._gather_episodes, self.accelerator
+        self.refiller = Refiller(args, self.group_envs, self.group_env_index, play, gather, accel) if refill else None
 
     # -- rollouts ------------------------------------------------------------------------------------
     def play(self, starts: list[StartState], temperature: float) -> Rollout:
@@ -195,7 +195,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.num_generations,
             args,
             self.scale_rewards,
-            *episode_filter_values(episodes, args.rollout_filter_metric),
+            # the filter's per-episode values, unless the refill already chose the groups round by round
+            *(episode_filter_values(episodes, args.rollout_filter_metric) if kept_groups is None else (None, None)),
             num_processes=self.accelerator.num_processes,
             group_env=group_env,
             kept_groups=kept_groups,
