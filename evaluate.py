@@ -23,20 +23,17 @@ import dataclasses
 import json
 import os
 import sys
+import typing
 from types import SimpleNamespace
 
 import torch
 
-from starpo_trl.config import (
-    EPISODE_BUDGETS,
-    ROLLOUT_SETTINGS,
-    ROLLOUT_SETTINGS_FILE,
-    StarPOConfig,
-    default_eval_kwargs,
-)
+from starpo_trl.config import ROLLOUT_SETTINGS, ROLLOUT_SETTINGS_FILE, StarPOConfig, default_eval_kwargs
 from starpo_trl.models import eos_token_ids
 from starpo_trl.monitoring.metrics import episode_metrics
+from starpo_trl.numeric_settings import check_numbers
 from starpo_trl.rollout import HFBackend, RolloutEngine, StartState
+from starpo_trl.rollout.settings import ROLLOUT_RANGES, RolloutSettings
 
 # evaluate.py flag -> StarPOConfig field (the flags keep their short names)
 RENAMED = {
@@ -106,6 +103,21 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def add_rollout_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ``RolloutSettings`` field (its type and help from the dataclass), except those under
+    evaluate.py's short names (``RENAMED``)."""
+    hints = typing.get_type_hints(RolloutSettings)
+    for f in dataclasses.fields(RolloutSettings):
+        if f.name in RENAMED.values():
+            continue
+        kind = next(a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if a is not type(None))
+        text = f"{f.metadata['help']} (default: the model's)"
+        if typing.get_origin(kind) is list:
+            p.add_argument(f"--{f.name}", nargs="*", help=text)
+        else:
+            p.add_argument(f"--{f.name}", type=_bool if kind is bool else kind, help=text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name_or_path", required=True)
@@ -117,27 +129,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num_episodes", "--num_eval_episodes", dest="num_episodes", type=int)
     p.add_argument("--seed_offset", "--eval_seed_offset", dest="seed_offset", type=int)
     p.add_argument("--temperature", "--eval_temperature", dest="temperature", type=float)
-    for name, kind in (
-        ("max_turns", int),
-        ("max_actions_per_turn", int),
-        ("max_actions_per_episode", int),
-        ("max_tokens_per_turn", int),
-        ("max_episode_tokens", int),
-        ("context_window", str),
-        ("action_format", str),
-        ("reply_prefix", str),
-        ("format_instruction", str),
-        ("enable_think", _bool),
-        ("format_penalty", float),
-        ("env_step_timeout", float),
-        ("env_runner", str),
-        ("think_bonus", float),
-        ("think_min_words", int),
-        ("think_max_words", int),
-        ("think_copy_penalty", float),
-    ):
-        p.add_argument(f"--{name}", type=kind)
-    p.add_argument("--stop_strings", nargs="*", help="a reply ends after the first of these (default: the model's)")
+    add_rollout_flags(p)
     p.add_argument("--batch_size", type=int, default=256, help="episodes per engine call")
     p.add_argument("--output", help="write the metrics and settings here as JSON")
     p.add_argument("--save_episodes", help="write every episode here, one JSON object per line (JSON Lines)")
@@ -202,11 +194,9 @@ def resolve(a: argparse.Namespace) -> SimpleNamespace:
         raise ValueError("--env_id is needed: the model has no saved starpo_rollout.json to take it from.")
     if settings["num_eval_episodes"] < 1:
         raise ValueError(f"--num_episodes must be at least 1, got {settings['num_eval_episodes']}")
-    if settings["eval_temperature"] < 0:
-        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {settings['eval_temperature']}")
-    for name in EPISODE_BUDGETS:
-        if settings[name] < 1:
-            raise ValueError(f"--{name} must be at least 1, got {settings[name]}")
+    rollout = RolloutSettings.of(SimpleNamespace(**settings))
+    rollout.check_rollout()  # the same rules as training's config
+    check_numbers(rollout, ROLLOUT_RANGES)
     if a.batch_size < 1:
         raise ValueError(f"--batch_size must be at least 1, got {a.batch_size}")
     from envs.contract import check_env_contract, check_env_id, env_name

@@ -173,7 +173,7 @@ def raw_crossings(history: list[dict], env_name: str) -> dict[str, dict]:
     from starpo_trl.monitoring import keys
     from starpo_trl.monitoring.guard import CollapseMonitor, signals_from_logs
 
-    rules = dataclasses.replace(shipped_rules(), smoothing=1.0, patience=1)
+    rules = dataclasses.replace(shipped_rules(), collapse_guard_smoothing=1.0, collapse_guard_patience=1)
     signals, mi = CollapseMonitor(rules), CollapseMonitor(rules)  # mi: I(X;Z) in the retrieval rule's place
     first = {}
     for row in history:
@@ -199,9 +199,9 @@ def shipped_rules():
     """The guard's rules as the recipes ship them (the runs log in `warn` mode: the rules are re-judged here)."""
     from learning import parse
 
-    from starpo_trl.monitoring.guard import rules_from_config
+    from starpo_trl.monitoring.settings import GuardSettings
 
-    return rules_from_config(parse(RECIPE)[1])
+    return GuardSettings.of(parse(RECIPE)[1])
 
 
 def guard_events(history: list[dict], env_name: str) -> list[dict]:

@@ -37,8 +37,8 @@ class Range:
 
 def numeric_fields(cls, own_only: bool = False) -> dict[str, tuple[type, bool]]:
     """``name -> (int or float, None allowed)`` for the fields of dataclass ``cls`` annotated as one number
-    (``int``, ``float``, optionally ``| None``); ``own_only``: those declared in ``cls``'s own body."""
-    names = cls.__dict__.get("__annotations__", {}) if own_only else None
+    (``int``, ``float``, optionally ``| None``); ``own_only``: those of ``own_names``."""
+    names = own_names(cls) if own_only else None
     out = {}
     for klass in reversed(cls.__mro__):
         for name, annotation in klass.__dict__.get("__annotations__", {}).items():
@@ -49,6 +49,18 @@ def numeric_fields(cls, own_only: bool = False) -> dict[str, tuple[type, bool]]:
             if kinds in ({"int"}, {"float"}):
                 out[name] = (int if kinds == {"int"} else float, "None" in parts)
     return out
+
+
+def own_names(cls) -> set[str]:
+    """The fields declared in ``cls``'s own body or in a base class of the same package (the settings classes a
+    config is composed from), not those inherited from another library's class (``GRPOConfig``'s)."""
+    package = cls.__module__.split(".")[0]
+    return {
+        name
+        for klass in cls.__mro__
+        if klass is cls or klass.__module__.split(".")[0] == package
+        for name in klass.__dict__.get("__annotations__", {})
+    }
 
 
 def _type_names(annotation) -> set[str]:
@@ -91,11 +103,14 @@ def check_number(
         raise ValueError(f"{name}={value!r} is outside {allowed}: give {what}{hint}.")
 
 
-def check_numbers(obj, ranges: dict[str, Range], own_only: bool = False, with_range: bool = True) -> None:
+def check_numbers(
+    obj, ranges: dict[str, Range], own_only: bool = False, with_range: bool = True, cls: type | None = None
+) -> None:
     """``check_number`` for every numeric field of dataclass instance ``obj`` (``with_range=False``: kind and
-    finiteness only, for a config that gives its own messages for some ranges and checks them all afterwards)."""
+    finiteness only, for a config that gives its own messages for some ranges and checks them all afterwards);
+    ``cls``: the class whose fields are checked (default ``type(obj)``; a user's subclass keeps its base's rule)."""
     from dataclasses import fields
 
     helps = {f.name: f.metadata.get("help", "") for f in fields(obj)}
-    for name, (kind, nullable) in numeric_fields(type(obj), own_only).items():
+    for name, (kind, nullable) in numeric_fields(cls or type(obj), own_only).items():
         check_number(name, getattr(obj, name), kind, nullable, ranges[name], helps.get(name, ""), with_range)

@@ -24,6 +24,7 @@ from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.critic_targets import critic_targets, fit_critic
 from starpo_trl.algorithms.estimators import turn_advantages
 from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, env_reward, score_rollout
+from starpo_trl.algorithms.settings import ScoringSettings
 from starpo_trl.checkpoints import load_checkpoint_extras, load_critic, save_checkpoint_extras, save_model_extras
 from starpo_trl.config import StarPOConfig, rollout_config
 from starpo_trl.env_configs import held_out_calls, metrics_name, process_starts, start_state_dataset
@@ -35,7 +36,6 @@ from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.refill import Refiller
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
-from starpo_trl.rollout.engine import context_window_turns
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 from starpo_trl.rollout.vllm_backend import VLLMBackend, sync_weights, vllm_importance_sampling_ratio
 
@@ -99,7 +99,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.adapter_sync = (
             AdapterSync(self.vllm_generation, unwrapped, sharded=sharded) if args.vllm_lora_sync else None
         )
-        self.rollout_config = rollout_config(args)
+        self.rollout_config, self.scoring = rollout_config(args), ScoringSettings.of(args)  # the wings' own settings
         self._backend = backend  # a given backend; else HF generation or TRL's vLLM engine
         self._vllm_backend = None
         self.extra_reward_funcs = list(reward_funcs or [])
@@ -116,7 +116,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.guard = build_guard(args, zero3, self.save_model, self.critic)
         for callback in [self.empty_steps] + ([self.guard] if self.guard is not None else []):
             self.add_callback(callback)
-        shaping = self.rollout_config.think_shaping.enabled or reasoning_reward_fn is not None
+        shaping = self.rollout_config.shapes_think or reasoning_reward_fn is not None
         named = args.train_envs() + args.eval_envs()
         self.step_log = StepLog(args, self.num_generations, lambda ep: metrics_name(named, ep.start), shaping)
         self.kept_group_history = self.step_log.kept_groups  # per step: the groups kept, every group's std
@@ -193,7 +193,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             [ep.reward for ep in episodes],
             failed,
             self.num_generations,
-            args,
+            self.scoring,
             self.scale_rewards,
             # the filter's per-episode values, unless the refill already chose the groups round by round
             *(episode_filter_values(episodes, args.rollout_filter_metric) if kept_groups is None else (None, None)),
@@ -255,13 +255,13 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         if self.critic is None:
             return turn_advantages(episodes, scored, args, mine, rows, owner, loss_mask.size(1)).to(loss_mask.device)
         turns, raw, normalized = [ep.turn_rewards for ep in kept], scored.rewards[scored.keep], scored.kept_rewards
-        turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, args)
+        turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, self.scoring)
         sum_all = self._sum_over_processes
         targets = critic_targets(self.critic, rows, owner, turn_rewards, *forward, loss_mask, args, sum_all)
         batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
         self._log(mode, self.step_log.critic(targets, loss_mask))
         if mode == "train" and not self.empty_steps.skip:
-            n = len(rows) if context_window_turns(args.context_window) is not None else len(kept)
+            n = len(rows) if args.rows_per_turn else len(kept)
             step, reduce = self.state.global_step, self._average_grads
             for stats in fit_critic(self.critic, forward, targets, n, args, step, reduce):
                 self._log(mode, stats)

@@ -5,7 +5,15 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LAYERS = {"envs": 0, "starpo_trl.rollout": 1, "starpo_trl.algorithms": 2, "starpo_trl.monitoring": 3}
+# numeric_settings and settings_base: the foundation every layer's settings classes stand on (they import no layer)
+LAYERS = {
+    "envs": 0,
+    "starpo_trl.numeric_settings": 0,
+    "starpo_trl.settings_base": 0,
+    "starpo_trl.rollout": 1,
+    "starpo_trl.algorithms": 2,
+    "starpo_trl.monitoring": 3,
+}
 TOP = 4  # the other starpo_trl modules: config, trainer, models, warm_start, tiny, offline_model, trl_private
 
 

@@ -17,7 +17,7 @@ import torch
 from starpo_trl.algorithms.advantages import turn_end_mask
 from starpo_trl.algorithms.estimators import get_estimator
 from starpo_trl.algorithms.stats import whiten
-from starpo_trl.rollout.engine import context_window_turns
+from starpo_trl.rollout.settings import context_window_turns
 
 
 @dataclass

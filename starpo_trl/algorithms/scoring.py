@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from starpo_trl.algorithms.advantages import (
 )
 from starpo_trl.algorithms.estimators import get_estimator
 from starpo_trl.algorithms.filters import expand_groups, group_scores, select_groups
+
+if TYPE_CHECKING:  # the settings module imports this one (REWARD_FUNC_ERRORS)
+    from starpo_trl.algorithms.settings import AdvantageSettings, FilterSettings, ScoringSettings
 
 
 @dataclass
@@ -28,13 +32,13 @@ class Scored:
 def filter_scores(
     rewards: torch.Tensor,
     group_size: int,
-    args,
+    settings: FilterSettings,
     entropies: torch.Tensor | None = None,
     lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, bool]:
-    """Each group's score under ``args.rollout_filter_metric`` (not ``none``), and whether the filter keeps
+    """Each group's score under ``settings.rollout_filter_metric`` (not ``none``), and whether the filter keeps
     the largest scores (``std_rev`` is ``std`` kept smallest first)."""
-    metric, largest = args.rollout_filter_metric, args.rollout_filter_type == "largest"
+    metric, largest = settings.rollout_filter_metric, settings.rollout_filter_type == "largest"
     if metric == "std_rev":
         metric, largest = "std", False
     return group_scores(rewards, group_size, metric, entropies, lengths), largest
@@ -43,35 +47,35 @@ def filter_scores(
 def filter_groups(
     rewards: torch.Tensor,
     group_size: int,
-    args,
+    settings: FilterSettings,
     entropies: torch.Tensor | None = None,
     lengths: torch.Tensor | None = None,
     num_processes: int = 1,
     group_env: list[int] | None = None,
 ) -> torch.Tensor:
     """The groups the rollout filter keeps (sorted indices; may be empty), by the ``rollout_filter_*``
-    settings of ``args``. ``group_env`` (one env index per group) with ``rollout_filter_scope="per_env"``
+    settings. ``group_env`` (one env index per group) with ``rollout_filter_scope="per_env"``
     applies the strategy within each env's groups (a quota per env). Under several processes the
     lowest-scored kept groups are dropped until the kept rows divide evenly among them."""
     num_groups = rewards.numel() // group_size
-    if args.rollout_filter_metric == "none":
+    if settings.rollout_filter_metric == "none":
         return torch.arange(num_groups)
-    scores, largest = filter_scores(rewards, group_size, args, entropies, lengths)
+    scores, largest = filter_scores(rewards, group_size, settings, entropies, lengths)
 
     def select(subset: torch.Tensor) -> torch.Tensor:
         kept = select_groups(
             scores[subset],
-            args.rollout_filter_strategy,
-            args.rollout_filter_ratio,
-            args.rollout_filter_include_zero,
+            settings.rollout_filter_strategy,
+            settings.rollout_filter_ratio,
+            settings.rollout_filter_include_zero,
             largest,
-            args.rollout_filter_top_p_mode,
-            args.rollout_filter_eps,
+            settings.rollout_filter_top_p_mode,
+            settings.rollout_filter_eps,
         )
         return subset[kept]
 
     envs = torch.tensor(group_env if group_env is not None else [0] * num_groups)
-    if args.rollout_filter_scope == "per_env" and len(envs.unique()) > 1:
+    if settings.rollout_filter_scope == "per_env" and len(envs.unique()) > 1:
         kept = torch.cat([select(torch.nonzero(envs == e).flatten()) for e in envs.unique()])
         key = torch.nan_to_num(scores[kept] if largest else -scores[kept], nan=-math.inf)
         kept = kept[torch.sort(-key, stable=True).indices]  # best first over the envs, for the trimming below
@@ -82,11 +86,13 @@ def filter_groups(
     return torch.sort(kept).values
 
 
-def episode_reward_tensor(episode_rewards: list[float], failed: torch.Tensor, args) -> torch.Tensor:
+def episode_reward_tensor(
+    episode_rewards: list[float], failed: torch.Tensor, settings: AdvantageSettings
+) -> torch.Tensor:
     """Episode rewards as the filter and the estimators use them: a failed episode's is NaN (left out,
     ``env_error_policy="exclude"``) or ``env_failure_reward``."""
     rewards = torch.tensor(episode_rewards, dtype=torch.float32)
-    rewards[failed] = float("nan") if args.env_error_policy == "exclude" else args.env_failure_reward
+    rewards[failed] = float("nan") if settings.env_error_policy == "exclude" else settings.env_failure_reward
     return rewards
 
 
@@ -94,7 +100,7 @@ def score_rollout(
     episode_rewards: list[float],
     failed: torch.Tensor,
     group_size: int,
-    args,
+    settings: ScoringSettings,
     scale_rewards: str = "group",
     entropies: list[float] | None = None,
     lengths: list[int] | None = None,
@@ -105,30 +111,37 @@ def score_rollout(
     """Failed episodes are left out (NaN: out of their group's statistics, advantage 0) or given
     ``env_failure_reward`` (``env_error_policy``); the rollout filter ranks the groups on the RAW
     rewards of the whole batch (``filter_groups``); the kept rewards are normalised; a group
-    estimator then gives each kept episode its advantage. ``args`` is the ``StarPOConfig``;
+    estimator then gives each kept episode its advantage. ``settings``: the filter's and the advantages' (a ``StarPOConfig`` is both);
     ``entropies`` / ``lengths`` per episode feed those filter metrics. ``kept_groups`` given (the
     refill's choice over several rounds, ``starpo_trl.refill``) replaces the filter's."""
-    rewards = episode_reward_tensor(episode_rewards, failed, args)
+    rewards = episode_reward_tensor(episode_rewards, failed, settings)
     if kept_groups is None:
         kept_groups = filter_groups(
             rewards,
             group_size,
-            args,
+            settings,
             None if entropies is None else torch.tensor(entropies, dtype=torch.float32),
             None if lengths is None else torch.tensor(lengths, dtype=torch.float32),
             num_processes,
             group_env,
         )
     keep = expand_groups(kept_groups, group_size)
-    kept_rewards = normalize_rewards(rewards[keep], group_size, args.reward_normalization, args.reward_norm_scope)
-    estimator = get_estimator(args.advantage_estimator)
+    kept_rewards = normalize_rewards(
+        rewards[keep], group_size, settings.reward_normalization, settings.reward_norm_scope
+    )
+    estimator = get_estimator(settings.advantage_estimator)
     group = not estimator.critic and not estimator.per_turn
     advantages = estimator.fn(kept_rewards, group_size, scale_rewards) if group else None
     return Scored(rewards, kept_groups, keep, kept_rewards, advantages)
 
 
 def critic_turn_rewards(
-    turn_rewards: list[list[float]], raw: torch.Tensor, normalized: torch.Tensor, rows: slice, group_size: int, args
+    turn_rewards: list[list[float]],
+    raw: torch.Tensor,
+    normalized: torch.Tensor,
+    rows: slice,
+    group_size: int,
+    settings: AdvantageSettings,
 ) -> list[list[float]]:
     """What a critic estimator trains on, per turn, for the kept episodes ``rows`` of the kept batch.
 
@@ -137,8 +150,10 @@ def critic_turn_rewards(
     refused then); otherwise the whole normalised episode reward on the last turn. ``raw`` and
     ``normalized`` are the whole kept batch's episode rewards (group statistics need all of it).
     """
-    if args.use_turn_rewards:
-        shift, scale = reward_normalization_terms(raw, group_size, args.reward_normalization, args.reward_norm_scope)
+    if settings.use_turn_rewards:
+        shift, scale = reward_normalization_terms(
+            raw, group_size, settings.reward_normalization, settings.reward_norm_scope
+        )
         return [
             [x / c for x in turns[:-1]] + [(turns[-1] - m) / c] if turns else []
             for turns, m, c in zip(turn_rewards, shift[rows].tolist(), scale[rows].tolist())

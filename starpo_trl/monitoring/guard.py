@@ -32,29 +32,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainerCallback
 
 from envs.contract import env_name
 from starpo_trl.monitoring import keys
-
-GUARD_ACTIONS = ("off", "warn", "stop", "rollback")
-
-
-@dataclass
-class GuardRules:
-    warmup_steps: int = 10
-    smoothing: float = 0.3  # EMA weight of the newest value
-    reward_std_fraction: float = 0.4
-    entropy_fraction: float = 0.4
-    grad_norm_spike: float = 5.0
-    diversity_fraction: float = 0.5
-    diversity_floor: float = 0.0
-    retrieval_fraction: float = 0.5
-    retrieval_warmup: int = 3
-    patience: int = 2
+from starpo_trl.monitoring.settings import GUARD_ACTIONS, GuardSettings
 
 
 @dataclass
@@ -73,13 +58,17 @@ class CollapseMonitor:
 
     SIGNALS = ("reward_std", "entropy", "grad_norm", "diversity", "retrieval")
 
-    def __init__(self, rules: GuardRules | None = None):
-        self.rules = rules or GuardRules()
+    def __init__(self, rules: GuardSettings | None = None):
+        self.rules = rules or GuardSettings()
         self.series = {name: _Series() for name in self.SIGNALS}
         self.fired: set[str] = set()
 
     def _warmup(self, name: str) -> int:
-        return self.rules.retrieval_warmup if name == "retrieval" else self.rules.warmup_steps
+        return (
+            self.rules.collapse_guard_retrieval_warmup
+            if name == "retrieval"
+            else self.rules.collapse_guard_warmup_steps
+        )
 
     def early_level(self, name: str) -> float | None:
         early = self.series[name].early
@@ -93,10 +82,11 @@ class CollapseMonitor:
         if name == "grad_norm" or early is None:
             return None
         if name == "diversity":
-            return max(r.diversity_floor, r.diversity_fraction * early)
-        fraction = {"reward_std": r.reward_std_fraction, "retrieval": r.retrieval_fraction}.get(
-            name, r.entropy_fraction
-        )
+            return max(r.collapse_guard_diversity_floor, r.collapse_guard_diversity_fraction * early)
+        fraction = {
+            "reward_std": r.collapse_guard_reward_std_fraction,
+            "retrieval": r.collapse_guard_retrieval_fraction,
+        }.get(name, r.collapse_guard_entropy_fraction)
         return fraction * early if early > 0 else None
 
     def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
@@ -104,8 +94,8 @@ class CollapseMonitor:
         if name == "grad_norm":  # a spike against the running mean of the values before it
             return (
                 previous_ema is not None
-                and len(s.early) >= r.warmup_steps
-                and value > r.grad_norm_spike * previous_ema
+                and len(s.early) >= r.collapse_guard_warmup_steps
+                and value > r.collapse_guard_grad_norm_spike * previous_ema
             )
         threshold = self.threshold(name)
         return threshold is not None and s.ema < threshold
@@ -118,14 +108,18 @@ class CollapseMonitor:
                 continue
             s = self.series[name]
             previous = s.ema
-            s.ema = value if s.ema is None else self.rules.smoothing * value + (1 - self.rules.smoothing) * s.ema
+            s.ema = (
+                value
+                if s.ema is None
+                else self.rules.collapse_guard_smoothing * value + (1 - self.rules.collapse_guard_smoothing) * s.ema
+            )
             if len(s.early) < self._warmup(name):
                 s.early.append(value)
                 continue
             s.below = s.below + 1 if self._holds(name, value, previous) else 0
             if name == "grad_norm" and s.below and previous is not None:
                 s.ema = previous  # a spike does not raise the running mean it is judged against
-            if s.below >= self.rules.patience and name not in self.fired:
+            if s.below >= self.rules.collapse_guard_patience and name not in self.fired:
                 self.fired.add(name)
                 fired.append(name)
         return fired
@@ -160,7 +154,7 @@ class CollapseGuard(TrainerCallback):
     logs; that snapshot is the "last healthy" state that ``stop`` saves and ``rollback`` restores.
     """
 
-    def __init__(self, action: str, rules: GuardRules, snapshot_steps: int = 5, save_model=None, critic=None):
+    def __init__(self, action: str, rules: GuardSettings, snapshot_steps: int = 5, save_model=None, critic=None):
         """``save_model(path)`` writes the model (the trainer's ``save_model``; needed by ``stop`` and
         ``rollback``); ``critic`` (optional) is snapshotted with the policy. The policy itself, the
         run's settings and its state come with every callback call."""
@@ -254,13 +248,8 @@ class CollapseGuard(TrainerCallback):
                 json.dump(self.events, f, indent=2, default=float)
 
 
-def rules_from_config(args) -> GuardRules:
-    """``GuardRules`` from a ``StarPOConfig``: each rule field ``x`` is the config's ``collapse_guard_x``."""
-    return GuardRules(**{f.name: getattr(args, f"collapse_guard_{f.name}") for f in fields(GuardRules)})
-
-
-def build_guard(args, weights_sharded: bool, save_model, critic=None) -> CollapseGuard | None:
-    """The guard a ``StarPOConfig`` asks for (None for ``collapse_guard='off'``). ``stop`` / ``rollback``
+def build_guard(args: GuardSettings, weights_sharded: bool, save_model, critic=None) -> CollapseGuard | None:
+    """The guard the settings ask for (None for ``collapse_guard='off'``). ``stop`` / ``rollback``
     keep a copy of the weights, refused where ZeRO-3 shards them (``weights_sharded``)."""
     if args.collapse_guard == "off":
         return None
@@ -271,7 +260,7 @@ def build_guard(args, weights_sharded: bool, save_model, critic=None) -> Collaps
         )
     return CollapseGuard(
         args.collapse_guard,
-        rules_from_config(args),
+        GuardSettings.of(args),
         args.collapse_guard_snapshot_steps,
         save_model=save_model,
         critic=critic,

@@ -1,19 +1,21 @@
 """The model card written next to a trained model (and pushed with it by ``push_to_hub``).
 
 It records what a reader needs to trust or reproduce the model: the base model, the environment
-and its kwargs, the StarPO settings that matter, the held-out evaluation table (the metrics
+and its kwargs, the StarPO settings that matter, every episode setting, the held-out evaluation table (the metrics
 ``evaluate.py`` prints), and the recipe the run was launched with.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 
 from huggingface_hub import ModelCard, ModelCardData
 
 from envs.contract import env_name
+from starpo_trl.rollout.settings import RolloutSettings
 
-# (field, label) of the StarPO settings shown in the card
+# (field, label) of the training settings shown in the card (the episode settings: every RolloutSettings field)
 SETTINGS = (
     ("advantage_estimator", "advantage estimator"),
     ("scale_rewards", "advantages scaled by (group / batch std, or none)"),
@@ -25,10 +27,6 @@ SETTINGS = (
     ("rollout_filter_refill", "rollout filter: more start states while too few groups are kept"),
     ("num_start_states", "start states (groups) per step"),
     ("num_generations", "rollouts per start state"),
-    ("max_turns", "max turns"),
-    ("max_actions_per_turn", "max actions per turn"),
-    ("max_tokens_per_turn", "max tokens per turn"),
-    ("enable_think", "think before answering"),
     ("epsilon", "clip low"),
     ("epsilon_high", "clip high"),
     ("beta", "KL coefficient"),
@@ -105,6 +103,10 @@ def render_model_card(
     settings = "\n".join(
         f"| {label} | `{_fmt(getattr(args, name))}` |" for name, label in SETTINGS if hasattr(args, name)
     )
+    helps = {f.name: f.metadata.get("help", "") for f in fields(RolloutSettings)}
+    episode = "\n".join(
+        f"| `{name}` | `{_fmt(value)}` | {helps[name]} |" for name, value in RolloutSettings.of(args).values().items()
+    )
     held_out = args.eval_envs()
     if len(held_out) == 1:
         eval_line = f"- evaluation env: `{held_out[0].env_id}`, kwargs `{held_out[0].env_kwargs}`"
@@ -141,6 +143,14 @@ def render_model_card(
         "| setting | value |",
         "|---|---|",
         settings,
+        "",
+        "## Episode settings",
+        "",
+        "Saved with the model in `starpo_rollout.json`; `evaluate.py` plays with them.",
+        "",
+        "| setting | value | what |",
+        "|---|---|---|",
+        episode,
         "",
         "## Prompt format",
         "",

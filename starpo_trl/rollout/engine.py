@@ -34,10 +34,10 @@ from starpo_trl.rollout.prompting import (
     first_user_message,
     parse_reply,
     parse_tool_calls,
-    resolve_reply_prefix,
     turn_message,
 )
-from starpo_trl.rollout.shaping import ThinkShaping, turn_shaping_reward
+from starpo_trl.rollout.settings import RolloutSettings
+from starpo_trl.rollout.shaping import turn_shaping_reward
 
 
 @dataclass(frozen=True)
@@ -102,62 +102,17 @@ class GenerationBackend(Protocol):
 
 
 @dataclass
-class RolloutConfig:
-    max_turns: int = 5
-    max_actions_per_turn: int = 5
-    max_actions_per_episode: int = 10
-    max_tokens_per_turn: int = 256
-    max_episode_tokens: int = 2048  # completion tokens (model + env) of a whole episode
-    enable_think: bool = True
-    format_penalty: float = -0.1
+class RolloutConfig(RolloutSettings):
+    """The episode engine's settings: ``RolloutSettings`` (how an episode is played) plus the sampling temperature
+    of training, the default of ``RolloutEngine.run``."""
+
     temperature: float = 1.0
-    env_step_timeout: float | None = None  # seconds per env call (needs env_runner="processes")
-    env_runner: str | None = None  # inline, threads or processes; None: processes with a timeout, else inline
-    think_shaping: ThinkShaping = field(default_factory=ThinkShaping)  # reasoning reward shaping (off)
-    # what the model sees at each turn: the whole history, the state and the last K turns, or the state alone
-    context_window: str = "full"  # full | window:K | single_turn
-    # how a reply acts: <answer> tags split into actions, or tool calls (a reply without one ends the episode)
-    action_format: str = "answer_tags"  # answer_tags | tool_call
-    # text every reply starts with, given in the prompt (not sampled, not trained): "auto" is <think> with
-    # thinking, else <answer> (RAGEN's forced opening tag); "" none
-    reply_prefix: str = ""
-    # the line that ends every user message; None: the paper's. May name {example_action}, {actions}
-    format_instruction: str | None = None
-    # a reply ends with the first token that completes one of these in its text (kept, as vLLM's
-    # include_stop_str_in_output); the tokens sampled after it are dropped and the turn is closed as a cut reply
-    stop_strings: tuple[str, ...] | list[str] | None = ()
-    # a reply that reached its token limit with neither an end-of-turn token nor a stop string: trained as any
-    # other (keep), left out of the loss (mask), or penalised as DAPO's soft overlong penalty per turn (penalty:
-    # -overlong_penalty_factor x the share of the last overlong_buffer tokens of max_tokens_per_turn it used;
-    # with no buffer, the whole factor on a reply that reached the limit)
-    overlong_turns: str = "keep"  # keep | mask | penalty
-    overlong_buffer: int = 0
-    overlong_penalty_factor: float = 1.0
 
-    def prefix_text(self) -> str:
-        """The reply prefix as text (``auto`` resolved)."""
-        return resolve_reply_prefix(self.reply_prefix, self.enable_think)
-
-    def window_turns(self) -> int | None:
-        """None for ``full``, else how many earlier turns the prompt keeps (``single_turn``: 0)."""
-        return context_window_turns(self.context_window)
-
-    def runner_mode(self) -> str:
-        if self.env_runner is not None:
-            return self.env_runner
-        return "processes" if self.env_step_timeout is not None else "inline"
-
-
-def context_window_turns(value: str) -> int | None:
-    """``full`` -> None, ``single_turn`` -> 0, ``window:K`` -> K (K >= 1); anything else is refused."""
-    if value == "full":
-        return None
-    if value == "single_turn":
-        return 0
-    head, _, k = str(value).partition(":")
-    if head == "window" and k.isdigit() and int(k) >= 1:
-        return int(k)
-    raise ValueError(f"context_window must be 'full', 'window:K' (K >= 1) or 'single_turn', got {value!r}")
+    @classmethod
+    def of(cls, config) -> RolloutConfig:
+        """From a ``StarPOConfig`` (or any object with the same field names): its rollout settings and
+        ``temperature``."""
+        return cls(**RolloutSettings.of(config).values(), temperature=config.temperature)
 
 
 @dataclass
@@ -578,13 +533,13 @@ class RolloutEngine:
         if format_error:
             ep.num_format_errors += 1
             reward += cfg.format_penalty
-        if cfg.enable_think and (cfg.think_shaping.enabled or self.reasoning_reward_fn is not None):
+        if cfg.enable_think and (cfg.shapes_think or self.reasoning_reward_fn is not None):
             shaping = turn_shaping_reward(
                 parsed.think,
                 parsed.answer,
                 state.last_think,
                 ep.num_turns + 1,
-                cfg.think_shaping,
+                cfg,
                 self.reasoning_reward_fn,
             )
             ep.shaping_reward += shaping

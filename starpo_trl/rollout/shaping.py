@@ -7,8 +7,10 @@ episode engine adds the result to the turn's reward (like the format penalty), n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from starpo_trl.rollout.settings import RolloutSettings
 
 
 class ReasoningRewardFn(Protocol):
@@ -17,32 +19,20 @@ class ReasoningRewardFn(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class ThinkShaping:
-    bonus: float = 0.0
-    min_words: int = 1
-    max_words: int = 100
-    copy_penalty: float = 0.0
-
-    @property
-    def enabled(self) -> bool:
-        return self.bonus != 0.0 or self.copy_penalty != 0.0
-
-
 def _normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-def think_reward(think: str | None, previous_think: str | None, shaping: ThinkShaping) -> float:
-    """``bonus`` if ``think`` has ``min_words..max_words`` words (and is not empty); minus
-    ``copy_penalty`` if it equals the previous turn's think (whitespace-normalised)."""
+def think_reward(think: str | None, previous_think: str | None, shaping: RolloutSettings) -> float:
+    """``think_bonus`` if ``think`` has ``think_min_words..think_max_words`` words (and is not empty); minus
+    ``think_copy_penalty`` if it equals the previous turn's think (whitespace-normalised)."""
     if not think or not think.strip():
         return 0.0
     reward = 0.0
-    if shaping.bonus and max(1, shaping.min_words) <= len(think.split()) <= shaping.max_words:
-        reward += shaping.bonus
-    if shaping.copy_penalty and previous_think and _normalise(think) == _normalise(previous_think):
-        reward -= shaping.copy_penalty
+    if shaping.think_bonus and max(1, shaping.think_min_words) <= len(think.split()) <= shaping.think_max_words:
+        reward += shaping.think_bonus
+    if shaping.think_copy_penalty and previous_think and _normalise(think) == _normalise(previous_think):
+        reward -= shaping.think_copy_penalty
     return reward
 
 
@@ -51,7 +41,7 @@ def turn_shaping_reward(
     answer: str | None,
     previous_think: str | None,
     turn: int,
-    shaping: ThinkShaping,
+    shaping: RolloutSettings,
     hook: Callable | None = None,
 ) -> float:
     """All shaping for one turn: ``think_reward`` plus the user's hook, if any."""

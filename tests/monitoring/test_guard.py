@@ -9,7 +9,8 @@ from helpers import make_args
 from safetensors.torch import load_file
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.monitoring.guard import CollapseMonitor, GuardRules
+from starpo_trl.monitoring.guard import CollapseMonitor
+from starpo_trl.monitoring.settings import GuardSettings
 
 
 def first_firing(rules, stream, signal):
@@ -21,7 +22,12 @@ def first_firing(rules, stream, signal):
 
 
 def test_reward_std_rule_fires_after_patience_not_before():
-    rules = GuardRules(warmup_steps=3, smoothing=1.0, reward_std_fraction=0.25, patience=2)
+    rules = GuardSettings(
+        collapse_guard_warmup_steps=3,
+        collapse_guard_smoothing=1.0,
+        collapse_guard_reward_std_fraction=0.25,
+        collapse_guard_patience=2,
+    )
     # early level 1.0; threshold 0.25; 0.2 at steps 5 and 6 -> fires at 6 (patience 2)
     assert first_firing(rules, [1, 1, 1, 0.5, 0.2, 0.2, 0.1], "reward_std") == 6
     # one dip that recovers never fires
@@ -29,14 +35,24 @@ def test_reward_std_rule_fires_after_patience_not_before():
 
 
 def test_smoothing_delays_the_warning_by_hand_worked_emas():
-    rules = GuardRules(warmup_steps=3, smoothing=0.5, reward_std_fraction=0.25, patience=2)
+    rules = GuardSettings(
+        collapse_guard_warmup_steps=3,
+        collapse_guard_smoothing=0.5,
+        collapse_guard_reward_std_fraction=0.25,
+        collapse_guard_patience=2,
+    )
     # EMA: 1, 1, 1, then 0.75 (0.5), 0.475 (0.2), 0.3375 (0.2), 0.21875 (0.1), 0.159375 (0.1)
     # below 0.25 first at step 7, second time at step 8 -> fires at 8
     assert first_firing(rules, [1, 1, 1, 0.5, 0.2, 0.2, 0.1, 0.1], "reward_std") == 8
 
 
 def test_entropy_rule_and_noise_that_stays_healthy():
-    rules = GuardRules(warmup_steps=4, smoothing=1.0, entropy_fraction=0.5, patience=1)
+    rules = GuardSettings(
+        collapse_guard_warmup_steps=4,
+        collapse_guard_smoothing=1.0,
+        collapse_guard_entropy_fraction=0.5,
+        collapse_guard_patience=1,
+    )
     assert (
         first_firing(rules, [2.0, 2.2, 1.8, 2.0, 1.5, 1.2, 1.1, 0.9], "entropy") == 8
     )  # early 2.0, below 1.0 at step 8
@@ -44,10 +60,22 @@ def test_entropy_rule_and_noise_that_stays_healthy():
 
 
 def test_grad_norm_spike_against_running_mean():
-    rules = GuardRules(warmup_steps=3, smoothing=0.5, grad_norm_spike=10.0, patience=1)
+    rules = GuardSettings(
+        collapse_guard_warmup_steps=3,
+        collapse_guard_smoothing=0.5,
+        collapse_guard_grad_norm_spike=10.0,
+        collapse_guard_patience=1,
+    )
     # running mean stays 1.0; 9.0 is not a spike (< 10 x 1.0), 12.0 is
     assert first_firing(rules, [1, 1, 1, 1, 9.0, 1.0], "grad_norm") is None
-    monitor = CollapseMonitor(GuardRules(warmup_steps=3, smoothing=0.5, grad_norm_spike=10.0, patience=2))
+    monitor = CollapseMonitor(
+        GuardSettings(
+            collapse_guard_warmup_steps=3,
+            collapse_guard_smoothing=0.5,
+            collapse_guard_grad_norm_spike=10.0,
+            collapse_guard_patience=2,
+        )
+    )
     fired = [monitor.update(s, {"grad_norm": v}) for s, v in enumerate([1, 1, 1, 1, 12.0, 12.0], start=1)]
     # the first spike does not raise the mean it is judged against, so the second one counts too
     assert fired == [[], [], [], [], [], ["grad_norm"]]
@@ -55,12 +83,23 @@ def test_grad_norm_spike_against_running_mean():
 
 def test_diversity_floor_and_each_rule_warns_once():
     # early level 0.75; fraction 0.5 -> threshold 0.375
-    rules = GuardRules(warmup_steps=2, smoothing=1.0, diversity_fraction=0.5, patience=1)
+    rules = GuardSettings(
+        collapse_guard_warmup_steps=2,
+        collapse_guard_smoothing=1.0,
+        collapse_guard_diversity_fraction=0.5,
+        collapse_guard_patience=1,
+    )
     monitor = CollapseMonitor(rules)
     fired = [monitor.update(s, {"diversity": v}) for s, v in enumerate([0.8, 0.7, 0.4, 0.3, 0.04, 0.6, 0.01], start=1)]
     assert fired == [[], [], [], ["diversity"], [], [], []]
     # an absolute floor above the relative threshold wins
-    floor = GuardRules(warmup_steps=2, smoothing=1.0, diversity_fraction=0.5, diversity_floor=0.45, patience=1)
+    floor = GuardSettings(
+        collapse_guard_warmup_steps=2,
+        collapse_guard_smoothing=1.0,
+        collapse_guard_diversity_fraction=0.5,
+        collapse_guard_diversity_floor=0.45,
+        collapse_guard_patience=1,
+    )
     assert first_firing(floor, [0.8, 0.7, 0.4], "diversity") == 3
 
 
@@ -68,7 +107,11 @@ def test_thresholds_by_hand():
     """Each falling signal's threshold is its fraction of the early level (the mean of its first
     values): reward std 0.4 x 0.5, entropy 0.4 x 0.25, retrieval 0.5 x 0.3 (3 passes), diversity the larger of
     0.5 x 0.6 and its floor 0.35; none before the early level is known, for grad norm, or for an early level <= 0."""
-    monitor = CollapseMonitor(GuardRules(warmup_steps=2, retrieval_warmup=3, diversity_floor=0.35))
+    monitor = CollapseMonitor(
+        GuardSettings(
+            collapse_guard_warmup_steps=2, collapse_guard_retrieval_warmup=3, collapse_guard_diversity_floor=0.35
+        )
+    )
     for step, (std, ent, div, ret) in enumerate([(0.4, 0.2, 0.5, 0.2), (0.6, 0.3, 0.7, 0.4)], start=1):
         monitor.update(step, {"reward_std": std, "entropy": ent, "diversity": div, "retrieval": ret, "grad_norm": 1.0})
     assert monitor.threshold("reward_std") == pytest.approx(0.2)
@@ -78,14 +121,16 @@ def test_thresholds_by_hand():
     monitor.update(3, {"retrieval": 0.3})
     assert monitor.threshold("retrieval") == pytest.approx(0.15)
     assert monitor.threshold("grad_norm") is None
-    flat = CollapseMonitor(GuardRules(warmup_steps=2))
+    flat = CollapseMonitor(GuardSettings(collapse_guard_warmup_steps=2))
     for step in (1, 2):
         flat.update(step, {"entropy": 0.0})
     assert flat.early_level("entropy") == 0.0 and flat.threshold("entropy") is None
 
 
 def test_missing_and_nan_signals_are_skipped():
-    monitor = CollapseMonitor(GuardRules(warmup_steps=2, smoothing=1.0, patience=1))
+    monitor = CollapseMonitor(
+        GuardSettings(collapse_guard_warmup_steps=2, collapse_guard_smoothing=1.0, collapse_guard_patience=1)
+    )
     assert monitor.update(1, {"entropy": float("nan")}) == []
     assert monitor.update(2, {}) == []
     assert monitor.series["entropy"].early == []

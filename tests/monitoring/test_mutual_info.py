@@ -240,9 +240,17 @@ def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tok
 
 
 def test_guard_warns_when_retrieval_falls():
-    from starpo_trl.monitoring.guard import CollapseMonitor, GuardRules
+    from starpo_trl.monitoring.guard import CollapseMonitor
+    from starpo_trl.monitoring.settings import GuardSettings
 
-    monitor = CollapseMonitor(GuardRules(smoothing=1.0, retrieval_fraction=0.5, retrieval_warmup=3, patience=2))
+    monitor = CollapseMonitor(
+        GuardSettings(
+            collapse_guard_smoothing=1.0,
+            collapse_guard_retrieval_fraction=0.5,
+            collapse_guard_retrieval_warmup=3,
+            collapse_guard_patience=2,
+        )
+    )
     fired = [monitor.update(step, {"retrieval": v}) for step, v in enumerate([0.9, 0.8, 1.0, 0.6, 0.44, 0.4, 0.1])]
     # early level 0.9: 0.6 holds nothing, 0.44 and 0.4 fall below 0.45 -> fires on the second in a row, once
     assert fired == [[], [], [], [], [], ["retrieval"], []]

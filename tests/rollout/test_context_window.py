@@ -12,8 +12,8 @@ import envs  # noqa: F401
 from starpo_trl import MultiTurnStarPOTrainer
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState
 from starpo_trl.rollout.batch import episode_rows
-from starpo_trl.rollout.engine import context_window_turns
 from starpo_trl.rollout.prompting import first_user_message, parse_reply
+from starpo_trl.rollout.settings import context_window_turns
 
 LAKE = (("is_slippery", False),)
 MOVES = ["Right", "Down", "Left", "Up"]

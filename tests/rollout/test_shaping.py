@@ -3,11 +3,12 @@
 import pytest
 
 from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
-from starpo_trl.rollout.shaping import ThinkShaping, think_reward
+from starpo_trl.rollout.settings import RolloutSettings
+from starpo_trl.rollout.shaping import think_reward
 
 
 def test_think_reward_by_hand():
-    s = ThinkShaping(bonus=0.1, min_words=2, max_words=4, copy_penalty=0.3)
+    s = RolloutSettings(think_bonus=0.1, think_min_words=2, think_max_words=4, think_copy_penalty=0.3)
     assert think_reward("go left now", None, s) == pytest.approx(0.1)
     assert think_reward("left", None, s) == 0.0  # too short
     assert think_reward("one two three four five", None, s) == 0.0  # too long
@@ -16,7 +17,7 @@ def test_think_reward_by_hand():
         0.1 - 0.3
     )  # verbatim copy, whitespace aside
     assert think_reward("go right now", "go left now", s) == pytest.approx(0.1)
-    assert not ThinkShaping().enabled
+    assert not RolloutSettings().shapes_think and s.shapes_think
 
 
 def engine(tokenizer, backend, shaping=None, hook=None):
@@ -25,7 +26,7 @@ def engine(tokenizer, backend, shaping=None, hook=None):
         max_actions_per_turn=1,
         max_tokens_per_turn=40,
         format_penalty=-0.1,
-        think_shaping=shaping or ThinkShaping(),
+        **(shaping or {}),
     )
     return RolloutEngine(tokenizer, backend, cfg, [tokenizer.eos_token_id], reasoning_reward_fn=hook)
 
@@ -41,7 +42,8 @@ def test_engine_adds_shaping_per_turn(tiny_tokenizer, scripted):
         calls.append((think, answer, previous, turn))
         return 0.01 * turn
 
-    shaped = engine(tiny_tokenizer, scripted(reply), ThinkShaping(bonus=0.1, copy_penalty=0.3), hook).run(start)[0]
+    shaping = {"think_bonus": 0.1, "think_copy_penalty": 0.3}
+    shaped = engine(tiny_tokenizer, scripted(reply), shaping, hook).run(start)[0]
     n = shaped.num_turns
     assert n == plain.num_turns and n >= 2
     # turn 1: +0.1 bonus + 0.01; turns 2..n: +0.1 - 0.3 (copy) + 0.01 * turn
