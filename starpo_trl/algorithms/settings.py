@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from starpo_trl.algorithms.estimators import get_estimator
 from starpo_trl.algorithms.filters import GROUP_METRICS, STRATEGIES, TOP_P_MODES
 from starpo_trl.algorithms.gigpo import GIGPO_MODES
-from starpo_trl.algorithms.scoring import REWARD_FUNC_ERRORS
 from starpo_trl.numeric_settings import Range, check_declared
 from starpo_trl.settings_base import Settings
 
 FILTER_METRICS = (*GROUP_METRICS, "std_rev", "none")  # std_rev: std, smallest first; none: keep every group
 REWARD_NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
 ENV_ERROR_POLICIES = ("exclude", "failure_reward")
+REWARD_FUNC_ERRORS = ("raise", "mark")  # what a failing reward function does (algorithms.scoring)
 
 
 @dataclass
