@@ -1,3 +1,4 @@
+import helpers
 import pytest
 import torch
 
@@ -130,27 +131,22 @@ def test_critic_holders_refuse_a_checkpoint_of_another_kind(policy, tmp_path):
         make_critic(policy, "lora", deepspeed_config={})
 
 
+# the critic's runs: a few Sokoban turns, every group kept (helpers.make_args is the one factory; these its changes)
+CRITIC_RUN = dict(
+    env_id="starpo/Sokoban-v0",
+    num_start_states=2,
+    rollout_filter_ratio=1.0,
+    gradient_accumulation_steps=2,
+    max_turns=3,
+    max_tokens_per_turn=10,
+    critic_learning_rate=1e-3,
+    disable_tqdm=True,
+    num_eval_episodes=256,
+)
+
+
 def make_args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        env_id="starpo/Sokoban-v0",
-        num_start_states=2,
-        num_generations=4,
-        rollout_filter_ratio=1.0,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_steps=2,
-        max_turns=3,
-        max_tokens_per_turn=10,
-        learning_rate=1e-3,
-        critic_learning_rate=1e-3,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
-    base.update(kw)
-    return StarPOConfig(**base)
+    return helpers.make_args(tmp_path, **{**CRITIC_RUN, **kw})
 
 
 @pytest.mark.parametrize("estimator", ["gae", "bilevel_gae", "turn_gae"])

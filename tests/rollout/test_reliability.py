@@ -5,6 +5,7 @@ import re
 import time
 
 import gymnasium as gym
+import helpers
 import pytest
 import torch
 
@@ -142,27 +143,20 @@ def test_timeouts_need_worker_processes():
             StarPOConfig(output_dir="/tmp/unused", env_id="starpo/Bandit-v0", env_step_timeout=bad, report_to=[])
 
 
+# a flaky env's runs, each env call with a timeout (helpers.make_args is the one factory; these its changes)
+FLAKY_RUN = dict(
+    env_id="starpo/TestFlaky-v0",
+    rollout_filter_ratio=1.0,
+    max_turns=2,
+    max_tokens_per_turn=10,
+    disable_tqdm=True,
+    env_step_timeout=1.0,
+    num_eval_episodes=256,
+)
+
+
 def _args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        env_id="starpo/TestFlaky-v0",
-        num_start_states=4,
-        num_generations=4,
-        rollout_filter_ratio=1.0,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=4,
-        max_steps=2,
-        max_turns=2,
-        max_tokens_per_turn=10,
-        learning_rate=1e-3,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        env_step_timeout=1.0,
-    )
-    base.update(kw)
-    return StarPOConfig(**base)
+    return helpers.make_args(tmp_path, **{**FLAKY_RUN, **kw})
 
 
 @pytest.fixture
