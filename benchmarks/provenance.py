@@ -33,6 +33,7 @@ COMMANDS = {
     "multi_env": "python benchmarks/multi_env.py",
     "real_model": "python benchmarks/real_model.py",
     "speed": "python benchmarks/speed.py",
+    "utilisation": "python benchmarks/utilisation.py",
     "whitening": "python benchmarks/whitening.py",
 }
 

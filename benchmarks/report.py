@@ -273,6 +273,8 @@ def write(results: dict) -> None:
         lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
     if "vllm_cpu" in results:
         lines += vllm_cpu_lines(results["vllm_cpu"])
+    if "utilisation" in results:
+        lines += utilisation_lines(results["utilisation"])
     for section, part, title in COMPARISON_SECTIONS:
         if section in results:
             lines += comparison_lines(results[section], part, title)
@@ -566,6 +568,44 @@ def vllm_cpu_lines(r: dict) -> list[str]:
             )
         if "train_step_seconds" in x:
             lines.append(f"| {part} | one StarPO step through the engine, s | {x['train_step_seconds']:.0f} |")
+    return lines + [""]
+
+
+def _mfu(x: dict) -> str:
+    return f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})"
+
+
+def utilisation_lines(r: dict) -> list[str]:
+    """``benchmarks/utilisation.py``: MFU of prefill, decode steps and the training step against the machine's
+    matmul peak, per model, with where a decode step's time goes."""
+    lines = [
+        f"## Throughput against the machine's limit (`python benchmarks/utilisation.py`, {stamp(r)})",
+        "",
+        "Model FLOPs utilisation (MFU): model FLOPs per second over the FLOP/s of one large fp32 matmul on the same "
+        "machine (the peak), HF backend, median (min-max) of 3 repeats. A decode step continues rows whose history is "
+        "in the backend's kept cache (a later turn of a rollout); its time splits into the linear layers at the rate "
+        "this machine reaches for that many rows, the engine's per-reply check, and the rest (attention, sampling, "
+        "the Python of each step).",
+        "",
+        "| model | peak GFLOP/s | what | shape | MFU | linear layers' share | check's share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, m in r["per_model"].items():
+        peak = f"{m['peak_gflops']:.0f}"
+        p = m["prefill"]
+        lines.append(
+            f"| {name} | {peak} | prefill | {p['rows']} x {p['prompt_tokens']} tokens | {_mfu(p['mfu'])} | | |"
+        )
+        for d in m["decode"]:
+            lines.append(
+                f"| {name} | {peak} | decode step | {d['batch']} rows, {d['history_tokens']} cached | "
+                f"{_mfu(d['step_mfu'])} | {d['step_matmul_share']:.2f} | {d['check_share']:.2f} |"
+            )
+        for t in m["train"]:
+            shape = f"{t['rows']} x {t['length']}" + (
+                f", {t['real_tokens']} real tokens" if t["real_tokens"] != t["padded_tokens"] else ""
+            )
+            lines.append(f"| {name} | {peak} | train (forward + backward) | {shape} | {_mfu(t['mfu'])} | | |")
     return lines + [""]
 
 

@@ -794,3 +794,48 @@ def test_the_readme_shows_a_runs_other_eval_env_when_it_was_played():
     assert heldout and "0.250 -> **0.750** (+50.0 points); format errors 0.500 -> 0.125" in heldout[0]
     assert not [line for line in lines if "BanditPayoutsHeldout-v0" in line]  # not played in this run
     assert any("0.500 -> **1.000**" in line for line in lines)  # the run's headline env
+
+
+def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkeypatch):
+    """benchmarks/utilisation.py: the FLOPs it divides by are the model's linear layers (worked out here from the
+    tiny model's config), the quick run measures every part, and BENCHMARKS.md shows each row with its spread."""
+    import report
+    import utilisation
+
+    from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok)
+    c = model.config
+    d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+    kv = c.num_key_value_heads * (d // c.num_attention_heads)
+    per_layer = d * d * 2 + d * kv * 2 + 3 * d * f  # q, o; k, v; gate, up, down
+    assert utilisation.weight_flops_per_token(model) == 2 * (c.num_hidden_layers * per_layer + v * d)
+    assert utilisation.attention_width(model) == (c.num_hidden_layers, d)
+    spread = utilisation.spread([3.0, 1.0, 2.0])
+    assert (spread["median"], spread["min"], spread["max"]) == (2.0, 1.0, 3.0)
+    shapes = {"rows": (1, 8), "peak_size": 256, "prefill": (2, 16), "decode": [(4, 24, 3)], "train": [(2, 16, 4)]}
+    out = utilisation.measure("tiny", model, tok, shapes, repeats=1)
+    assert out["peak_gflops"] > 0 and set(out["matmul_gflops_by_rows"]) == {"1", "8"}
+    step = out["decode"][0]
+    assert step["batch"] == 4 and 0 < step["step_mfu"]["median"] < 1 and step["step_seconds_with_check"]["median"] > 0
+    train = out["train"][0]
+    assert (train["real_tokens"], train["padded_tokens"]) == (16 + 4, 32)  # half the rows cut to 4 real tokens
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    mfu = {"median": 0.25, "min": 0.2, "max": 0.3}
+    row = {"batch": 64, "history_tokens": 512, "step_mfu": mfu, "step_matmul_share": 0.61, "check_share": 0.08}
+    model_row = {
+        "peak_gflops": 71.4,
+        "prefill": {"rows": 8, "prompt_tokens": 256, "mfu": mfu},
+        "decode": [row],
+        "train": [{"rows": 4, "length": 512, "real_tokens": 1280, "padded_tokens": 2048, "mfu": mfu}],
+    }
+    report.store("utilisation", {"per_model": {"SmolLM2": model_row}, "shapes": {}}, seeds=[0])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Throughput against the machine's limit (`python benchmarks/utilisation.py`" in text
+    assert "| SmolLM2 | 71 | decode step | 64 rows, 512 cached | 0.250 (0.200-0.300) | 0.61 | 0.08 |" in text
+    assert (
+        "| SmolLM2 | 71 | train (forward + backward) | 4 x 512, 1280 real tokens | 0.250 (0.200-0.300) | | |" in text
+    )

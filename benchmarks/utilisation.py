@@ -1,0 +1,300 @@
+"""Throughput against this machine's own limit: model FLOPs utilisation (MFU) of rollout decoding and of the
+training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make model``), HF backend.
+
+    python benchmarks/utilisation.py           # stores the "utilisation" section of results.json
+    python benchmarks/utilisation.py --quick   # one repeat, smaller shapes, the tiny model only; stores nothing
+
+- peak: the FLOP/s of one large square fp32 matmul (2,048 cubed) with the threads torch uses: the machine's
+  limit, which every MFU is measured against. Beside it, the rate of the model's own weight shapes (``F.linear``
+  of an ``M x K`` input with each ``N x K`` weight: q/k/v/o, gate/up/down, the LM head) at ``M`` from 1 to 4,096
+  rows: the ceiling of a decode step over ``M`` sequences (the gap to the peak: the "small matmul" loss).
+- prefill: ``HFBackend.generate`` of one token on distinct prompts. decode: a later turn as the rollout engine
+  makes it: rows whose history is already in the backend's kept cache, continued by ``new`` tokens in one
+  ``generate`` call (no end-of-turn stop), once plain and once with the engine's per-step reply check. Model
+  FLOPs: ``2 x`` the weights every token passes (each linear layer, the LM head) plus attention's
+  ``4 x layers x heads x head_dim x context`` per token (half of it for the causal prefill). MFU = model FLOPs /
+  seconds / peak. Split of a step: the time its linear layers take at the measured rate for that many rows
+  (``step_matmul_share``), the check's share, and the rest (attention, sampling, the Python of each step).
+- train: forward and backward of the model (cross-entropy on every token) over a micro-batch of ``rows x
+  length`` tokens, as a training step's inner loop does: ``6 x`` the weight FLOPs per token plus attention's
+  ``12 x layers x heads x head_dim x length / 2`` (causal). With ``pad``: the same micro-batch where half the
+  rows are real tokens for only a quarter of the length (the rest padding), as multi-turn episodes of mixed
+  length are batched: MFU counted on real tokens only.
+
+Every figure is the median of REPEATS (3) runs, with its min and max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+import warnings
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import report  # noqa: E402,F401  (records the code's commit as the run starts)
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from starpo_trl.rollout import HFBackend  # noqa: E402
+
+REPEATS = 3
+ROWS = (1, 8, 32, 128, 512, 4096)
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "repeats": values}
+
+
+def linear_shapes(model) -> list[tuple[int, int]]:
+    """``(N, K)`` of every linear layer a token passes (the LM head included), one entry per layer."""
+    return [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def attention_width(model) -> tuple[int, int]:
+    """``(layers, heads x head_dim)``: what attention's FLOPs per token of context scale with."""
+    cfg = model.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return cfg.num_hidden_layers, cfg.num_attention_heads * head_dim
+
+
+def timed(fn, repeats: int) -> float:
+    """Best wall seconds of one call of ``fn`` over ``repeats`` rounds, after one warm-up call; a call faster
+    than 20 ms is repeated within a round and averaged (a lone microsecond-scale call times the clock)."""
+    start = time.perf_counter()
+    fn()
+    inner = max(1, int(0.02 / max(time.perf_counter() - start, 1e-6)))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - start) / inner)
+    return best
+
+
+def matmul_rates(model, rows=ROWS, calls: int = 5) -> dict[int, float]:
+    """FLOP/s of the model's distinct weight shapes at each row count ``M``: total FLOPs / total best seconds."""
+    shapes = sorted(set(linear_shapes(model)))
+    rates = {}
+    for m in rows:
+        flops = seconds = 0.0
+        for n, k in shapes:
+            x, w = torch.randn(m, k), torch.randn(n, k)
+            seconds += timed(lambda x=x, w=w: F.linear(x, w), calls)
+            flops += 2.0 * m * n * k
+        rates[m] = flops / seconds
+    return rates
+
+
+def machine_peak(size: int = 2048) -> float:
+    """FLOP/s of one large square fp32 matmul (``size`` cubed): the most torch's CPU kernels get out of this
+    machine, the limit every MFU below is measured against."""
+    x, w = torch.randn(size, size), torch.randn(size, size)
+    return 2.0 * size**3 / timed(lambda: F.linear(x, w), 3)
+
+
+def weight_flops_per_token(model) -> float:
+    return 2.0 * sum(n * k for n, k in linear_shapes(model))
+
+
+def prefill_row(model, tok, rows: int, prompt: int, rates: dict, repeats: int) -> dict:
+    """``HFBackend.generate`` of 1 token on ``rows`` distinct random prompts of ``prompt`` tokens: the prefill."""
+    torch.manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    prompts = torch.randint(3, vocab, (rows, prompt)).tolist()
+    layers, width = attention_width(model)
+    flops = rows * prompt * weight_flops_per_token(model) + rows * 2 * layers * width * prompt * prompt  # causal
+    seconds = []
+    for _ in range(repeats):
+        backend = HFBackend(model, tok.pad_token_id, eos_token_ids=[], reuse_cache=False)
+        start = time.perf_counter()
+        backend.generate(prompts, max_new_tokens=1, temperature=1.0)
+        seconds.append(time.perf_counter() - start)
+    return {
+        "rows": rows,
+        "prompt_tokens": prompt,
+        "seconds": spread(seconds),
+        "gflops": spread([flops / t / 1e9 for t in seconds]),
+    }
+
+
+def decode_row(model, tok, batch: int, history: int, new: int, rates: dict, repeats: int) -> dict:
+    """Decode steps as a later turn of a rollout makes them: ``batch`` rows whose ``history`` tokens are already in
+    the backend's kept cache (one shared random prompt, read once, then a few sampled tokens each), continued by
+    ``new`` tokens each in one ``HFBackend.generate`` call; once plain and once with the engine's per-step check of
+    each reply (``done``: its token limit and a stop string that never occurs), so the step's time, its model FLOPs
+    and the check's cost are told apart. The kept cache is restored before every timed call."""
+    from functools import partial
+
+    from starpo_trl.rollout.engine import _reply_done
+
+    torch.manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.randint(3, vocab, (history - 8,)).tolist()
+    backend = HFBackend(model, tok.pad_token_id, eos_token_ids=[], reuse_cache=True)
+    first = backend.generate([prompt] * batch, max_new_tokens=8, temperature=1.0)
+    sequences = [prompt + ids + [3] for ids, _ in first]  # each row extends its kept entry by one token
+    kept = list(backend._kept)
+    layers, width = attention_width(model)
+    per_token = weight_flops_per_token(model)
+    done = partial(_reply_done, tok, [new] * batch, ("\x00never",))
+
+    def run(check) -> float:
+        backend._kept = list(kept)
+        start = time.perf_counter()
+        out = backend.generate(sequences, max_new_tokens=new, temperature=1.0, done=check)
+        assert all(len(ids) == new for ids, _ in out)
+        return (time.perf_counter() - start) / new
+
+    plain, checked = [], []
+    for _ in range(repeats):
+        plain.append(run(None))
+        checked.append(run(done))
+    step_flops = batch * (per_token + 4 * layers * width * (history + new / 2))
+    rate = rates[min(rates, key=lambda m: abs(m - batch))]  # the matmul rate at this many rows
+    return {
+        "batch": batch,
+        "history_tokens": history,
+        "new_tokens": new,
+        "step_seconds": spread(plain),
+        "step_gflops": spread([step_flops / t / 1e9 for t in plain]),
+        "step_matmul_share": batch * per_token / rate / statistics.median(plain),
+        "step_seconds_with_check": spread(checked),
+        "check_share": 1 - statistics.median(plain) / statistics.median(checked),
+        "tokens_per_second": spread([batch / t for t in plain]),
+    }
+
+
+def train_row(model, rows: int, length: int, real_length: int | None, repeats: int) -> dict:
+    """Forward + backward (cross-entropy on the real tokens) of a ``rows x length`` micro-batch; ``real_length``:
+    half of the rows hold only that many real tokens (the rest is padding). FLOPs counted on real tokens."""
+    torch.manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(3, vocab, (rows, length))
+    mask = torch.ones(rows, length, dtype=torch.long)
+    if real_length is not None:
+        mask[: rows // 2, real_length:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    layers, width = attention_width(model)
+    lengths = mask.sum(1).tolist()
+    flops = sum(n * (3 * weight_flops_per_token(model) + 6 * layers * width * n) for n in lengths)
+    was_training = model.training
+    model.train()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+
+    seconds = []
+    try:
+        for _ in range(repeats):
+            seconds.append(timed(step, 1))
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return {
+        "rows": rows,
+        "length": length,
+        "real_tokens": sum(lengths),
+        "padded_tokens": rows * length,
+        "seconds": spread(seconds),
+        "gflops": spread([flops / s / 1e9 for s in seconds]),
+    }
+
+
+def measure(name: str, model, tok, shapes: dict, repeats: int) -> dict:
+    """One model's peak, decode and train rows, MFU against its own peak."""
+    model.float()
+    rates = matmul_rates(model, shapes["rows"])
+    peak = machine_peak(shapes["peak_size"])
+    out = {
+        "threads": torch.get_num_threads(),
+        "weights_mflop_per_token": weight_flops_per_token(model) / 1e6,
+        "peak_gflops": peak / 1e9,
+        "own_shapes_best_gflops": max(rates.values()) / 1e9,
+        "matmul_gflops_by_rows": {str(m): r / 1e9 for m, r in rates.items()},
+        "decode": [],
+        "train": [],
+    }
+    rows, prompt = shapes["prefill"]
+    row = prefill_row(model, tok, rows, prompt, rates, repeats)
+    row["mfu"] = spread([g * 1e9 / peak for g in row["gflops"]["repeats"]])
+    out["prefill"] = row
+    print(name, f"prefill {rows} x {prompt}: MFU {row['mfu']['median']:.3f}", flush=True)
+    for batch, history, new in shapes["decode"]:
+        row = decode_row(model, tok, batch, history, new, rates, repeats)
+        row["step_mfu"] = spread([g * 1e9 / peak for g in row["step_gflops"]["repeats"]])
+        out["decode"].append(row)
+        print(
+            name,
+            f"decode {batch} rows, {history} cached + {new}: step MFU {row['step_mfu']['median']:.3f} "
+            f"(linear layers at this row count: {row['step_matmul_share']:.2f} of the step; the per-step check "
+            f"{row['check_share']:.2f})",
+            flush=True,
+        )
+    for rows, length, real in shapes["train"]:
+        row = train_row(model, rows, length, real, repeats)
+        row["mfu"] = spread([g * 1e9 / peak for g in row["gflops"]["repeats"]])
+        out["train"].append(row)
+        print(name, f"train {rows} x {length} (real {real}): MFU {row['mfu']['median']:.3f}", flush=True)
+    return out
+
+
+def models(quick: bool):
+    from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    yield "tiny", build_tiny_model(tok), tok
+    if quick:
+        return
+    from speed import offline_smollm2
+
+    loaded = offline_smollm2()
+    if loaded is not None:
+        model, tok = loaded
+        yield "SmolLM2-135M-Instruct", model, tok
+
+
+SHAPES = {
+    "rows": ROWS,
+    "peak_size": 2048,
+    "prefill": (8, 256),  # (rows, prompt tokens)
+    # (rows, cached history tokens, new tokens): a later turn of a rollout of 64 episodes, 16, one alone
+    "decode": [(64, 512, 32), (16, 512, 32), (1, 512, 32)],
+    # (rows, length, real length of half the rows): a micro-batch of 8 whole episodes, then half of them short
+    "train": [(8, 512, None), (8, 512, 128)],
+}
+QUICK = {
+    "rows": (1, 64, 512),
+    "peak_size": 1024,
+    "prefill": (4, 64),
+    "decode": [(8, 64, 8)],
+    "train": [(4, 128, None)],
+}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one repeat, small shapes, the tiny model; stores nothing")
+    a = p.parse_args(argv)
+    start = time.time()
+    shapes, repeats = (QUICK, 1) if a.quick else (SHAPES, REPEATS)
+    per_model = {name: measure(name, model, tok, shapes, repeats) for name, model, tok in models(a.quick)}
+    if a.quick:
+        return
+    report.store(
+        "utilisation", {"per_model": per_model, "shapes": SHAPES}, seeds=[0], wall_seconds=time.time() - start
+    )
+
+
+if __name__ == "__main__":
+    main()
