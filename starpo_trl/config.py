@@ -533,7 +533,7 @@ class RunArguments:
     warm_start_space_before_answer: bool = field(
         default=False,
         metadata={
-            "help": "The expert writes '<answer> X</answer>': with BPE tokenizers ' X' is usually the one token the prompt shows X as (e.g. SmolLM2's ' Crane'; 'Crane' is 'Cr' + 'ane')."
+            "help": "The expert writes '<answer> X</answer>': with BPE tokenizers ' X' (with its space) is usually the one token the prompt shows X as, where 'X' alone may split into pieces."
         },
     )
     warm_start_think: str = field(

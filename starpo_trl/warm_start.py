@@ -28,8 +28,8 @@ def expert_reply(
     actions: list[str], enable_think: bool, space_before_answer: bool = False, thought: str | None = None
 ) -> str:
     """The expert's reply. ``space_before_answer`` writes ``<answer> X</answer>``: with a BPE tokenizer
-    a word after a space is usually the one token the prompt shows it as (SmolLM2: `` Crane``), where
-    ``<answer>Crane`` must spell it (``Cr`` + ``ane``). The parser strips the space either way.
+    a word after a space is usually the one token the prompt shows it as, where ``<answer>X`` may have to
+    spell it in pieces. The parser strips the space either way.
     ``thought``: what the expert read off the state (``TextEnv.expert_thought``), put before the action
     in the think."""
     answer = f" {ACTION_SEPARATOR} ".join(actions)

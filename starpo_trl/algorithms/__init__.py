@@ -1,5 +1,7 @@
-"""StarPO's algorithms as pure functions: group statistics, the rollout filter, advantage estimators
-(and the critic, in ``starpo_trl.algorithms.critic``)."""
+"""StarPO's algorithms: group statistics, the rollout filter, advantage estimators and scoring as pure
+functions, checked against numbers worked out by hand; their settings (``settings.py``); and the critic, the
+one stateful part (``value_model.py``: its network and loss; ``critic.py``: how it is held, with its optimizer;
+``critic_targets.py``: what it gives a step)."""
 
 from starpo_trl.algorithms.advantages import (
     bilevel_gae,

@@ -70,8 +70,7 @@ class HFBackend:
 
     Each call's cache is allocated once for its full length (kept history + new tokens + the token
     limit, ``_CallLayer``) and written in place: ``DynamicCache`` appends by concatenation, copying
-    the whole cache for every sampled token (on SmolLM2-135M, 64 rows with 1,200 cached tokens:
-    0.64-0.73 s per decode step against 0.79-1.04 s).
+    the whole cache for every sampled token, work that grows with rows x history.
     """
 
     stops_rows = True  # the engine passes ``done``: each row stops at its own limit / stop string
@@ -124,7 +123,7 @@ class HFBackend:
         self.prefill_tokens += sum(len(x) for x in suffixes)
         past = self._sampling_cache(kept, cached, lc + ls + max_new_tokens, device)
         # the kept rows now live in ``past``: drop them so the cache is not held twice while sampling
-        # (256 episodes x 5 turns of 256 tokens of a 135M model: about 12 GB each)
+        # (a long evaluation's cache can take many GB)
         self._kept, kept = [], None
         greedy = temperature <= 0
         was_training = self.model.training
