@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+import torch
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from envs.contract import env_name
@@ -272,6 +273,8 @@ def main(run_args: RunArguments, args: StarPOConfig, model_args: ModelConfig, ti
     # a home-relative model_name_or_path is expanded where models load (load_model_and_tokenizer)
     if run_args.critic_init.startswith("~"):
         run_args.critic_init = os.path.expanduser(run_args.critic_init)
+    if run_args.torch_threads is not None:
+        torch.set_num_threads(run_args.torch_threads)
     try:  # everything that can refuse the settings, before training starts
         check_run(run_args, args)
         check_warm_start(run_args, args, model_args)

@@ -606,6 +606,26 @@ def utilisation_lines(r: dict) -> list[str]:
                 f", {t['real_tokens']} real tokens" if t["real_tokens"] != t["padded_tokens"] else ""
             )
             lines.append(f"| {name} | {peak} | train (forward + backward) | {shape} | {_mfu(t['mfu'])} | | |")
+        if "rollout" in m:
+            x = m["rollout"]
+            lines.append(
+                f"| {name} | {peak} | a rollout (FrozenLake, {x['episodes']} episodes, stop at `</answer>`) | "
+                f"{x['turns_per_episode']:.1f} turns per episode | {_mfu(x['mfu'])} | | |"
+            )
+    lines += [
+        "",
+        "Rows finished but still carried in the decode batch (a rollout's decode work spent on replies that had "
+        "ended; the batch runs until its last reply ends), and one thread against torch's default (one per core), "
+        "side by side in each repeat: the speedup of `train.py --torch_threads 1`.",
+        "",
+        "| model | finished-row share of a rollout's decode work | one thread: train step speedup | one thread: decode step speedup |",
+        "|---|---|---|---|",
+    ]
+    for name, m in r["per_model"].items():
+        finished = _mfu(m["rollout"]["finished_row_share"]) if "rollout" in m else "-"
+        t = m.get("threads")
+        speed = [f"x{_mfu(t[p]['one_thread_speedup'])}" if t else "-" for p in ("train", "decode_step")]
+        lines.append(f"| {name} | {finished} | {speed[0]} | {speed[1]} |")
     return lines + [""]
 
 

@@ -21,7 +21,11 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
   rows are real tokens for only a quarter of the length (the rest padding), as multi-turn episodes of mixed
   length are batched: MFU counted on real tokens only.
 
-Every figure is the median of REPEATS (3) runs, with its min and max.
+- threads: the first train and decode shapes with torch's default threads (one per core) and with one, side by
+  side in each repeat: what ``train.py --torch_threads 1`` buys a small model.
+
+Every figure is the median of REPEATS (3) runs, with its min and max. Run it alone on the machine: another job on
+the same cores changes every figure (and the threads comparison most).
 """
 
 from __future__ import annotations
@@ -211,6 +215,68 @@ def train_row(model, rows: int, length: int, real_length: int | None, repeats: i
     }
 
 
+def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
+    """A rollout as training plays it: ``episodes`` FrozenLake episodes (4 start states x their copies, 3 turns,
+    replies opened with ``<answer>`` and stopped at ``</answer>`` or 48 tokens) through ``RolloutEngine`` and
+    ``HFBackend``. Model FLOPs of its linear layers (the tokens read and the reply tokens kept) per second; and
+    the finished-row share: the part of the decode work (rows x sampling steps) spent on rows whose reply had
+    already ended, which the batch carries until its last reply ends."""
+    from starpo_trl.models import eos_token_ids
+    from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
+
+    cfg = RolloutConfig(
+        max_turns=3,
+        max_tokens_per_turn=48,
+        enable_think=False,
+        reply_prefix="auto",
+        stop_strings=["</answer>"],
+    )
+    eos = eos_token_ids(tok, model.generation_config.eos_token_id)
+    starts = [StartState("starpo/FrozenLake-v0", i % 4, (("is_slippery", False),)) for i in range(episodes)]
+    per_token = weight_flops_per_token(model)
+    seconds, flops, finished, turns = [], [], [], []
+    for repeat in range(repeats):
+        torch.manual_seed(repeat)
+        backend = HFBackend(model, tok.pad_token_id, eos)
+        engine = RolloutEngine(tok, backend, cfg, eos)
+        start = time.perf_counter()
+        played = engine.run(starts, 1.0)
+        seconds.append(time.perf_counter() - start)
+        engine.close()
+        flops.append((backend.prefill_tokens + backend.reply_tokens) * per_token)
+        finished.append(1 - backend.reply_tokens / backend.row_steps)
+        turns.append(sum(ep.num_turns for ep in played) / len(played))
+    return {
+        "episodes": episodes,
+        "seconds": spread(seconds),
+        "gflops": spread([f / t / 1e9 for f, t in zip(flops, seconds)]),
+        "finished_row_share": spread(finished),
+        "turns_per_episode": statistics.median(turns),
+    }
+
+
+def threads_row(model, tok, shapes: dict, repeats: int) -> dict:
+    """The first train and decode shapes with torch's default threads and with one, side by side in each repeat:
+    seconds each and the speedup of one thread (default seconds / one-thread seconds) per repeat."""
+    default = torch.get_num_threads()
+    rows, length, real = shapes["train"][0]
+    batch, history, new = shapes["decode"][0]
+    out = {"default_threads": default, "train": {"default": [], "one": []}, "decode_step": {"default": [], "one": []}}
+    try:
+        for _ in range(repeats):
+            for key, n in (("default", default), ("one", 1)):
+                torch.set_num_threads(n)
+                out["train"][key].append(train_row(model, rows, length, real, 1)["seconds"]["median"])
+                step = decode_row(model, tok, batch, history, new, {batch: 1.0}, 1)
+                out["decode_step"][key].append(step["step_seconds"]["median"])
+    finally:
+        torch.set_num_threads(default)
+    for part in ("train", "decode_step"):
+        d = out[part]
+        d["one_thread_speedup"] = spread([a / b for a, b in zip(d["default"], d["one"])])
+    return out
+
+
 def measure(name: str, model, tok, shapes: dict, repeats: int) -> dict:
     """One model's peak, decode and train rows, MFU against its own peak."""
     model.float()
@@ -241,6 +307,23 @@ def measure(name: str, model, tok, shapes: dict, repeats: int) -> dict:
             f"{row['check_share']:.2f})",
             flush=True,
         )
+    row = rollout_row(model, tok, shapes["rollout_episodes"], repeats)
+    row["mfu"] = spread([g * 1e9 / peak for g in row["gflops"]["repeats"]])
+    out["rollout"] = row
+    print(
+        name,
+        f"rollout of {row['episodes']} episodes: MFU {row['mfu']['median']:.3f}, finished-row share "
+        f"{row['finished_row_share']['median']:.2f}",
+        flush=True,
+    )
+    out["threads"] = threads_row(model, tok, shapes, repeats)
+    t = out["threads"]
+    print(
+        name,
+        f"one thread against {t['default_threads']}: train x{t['train']['one_thread_speedup']['median']:.2f}, "
+        f"decode step x{t['decode_step']['one_thread_speedup']['median']:.2f}",
+        flush=True,
+    )
     for rows, length, real in shapes["train"]:
         row = train_row(model, rows, length, real, repeats)
         row["mfu"] = spread([g * 1e9 / peak for g in row["gflops"]["repeats"]])
@@ -267,6 +350,7 @@ def models(quick: bool):
 SHAPES = {
     "rows": ROWS,
     "peak_size": 2048,
+    "rollout_episodes": 64,
     "prefill": (8, 256),  # (rows, prompt tokens)
     # (rows, cached history tokens, new tokens): a later turn of a rollout of 64 episodes, 16, one alone
     "decode": [(64, 512, 32), (16, 512, 32), (1, 512, 32)],
@@ -276,6 +360,7 @@ SHAPES = {
 QUICK = {
     "rows": (1, 64, 512),
     "peak_size": 1024,
+    "rollout_episodes": 8,
     "prefill": (4, 64),
     "decode": [(8, 64, 8)],
     "train": [(4, 128, None)],

@@ -515,6 +515,7 @@ RUN_NUMBER_RANGES = {
     "warm_start_epochs": _POSITIVE,
     "warm_start_learning_rate": _POSITIVE,
     "warm_start_batch_size": _AT_LEAST_1,
+    "torch_threads": _AT_LEAST_1,
 }
 
 
@@ -551,6 +552,12 @@ class RunArguments:
         default="policy",
         metadata={
             "help": "Weights of a full critic: 'policy' (as RL starts, after any warm start), 'pre_warm_start' (the model as loaded), or a model id/dir."
+        },
+    )
+    torch_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "Threads torch computes with on CPU (torch.set_num_threads); None: its default, one per core. A small model gains little from more threads and loses much when other jobs share the cores: see benchmarks/utilisation.py."
         },
     )
     rank_summary: bool = field(

@@ -800,6 +800,7 @@ def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkey
     """benchmarks/utilisation.py: the FLOPs it divides by are the model's linear layers (worked out here from the
     tiny model's config), the quick run measures every part, and BENCHMARKS.md shows each row with its spread."""
     import report
+    import torch
     import utilisation
 
     from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
@@ -814,8 +815,18 @@ def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkey
     assert utilisation.attention_width(model) == (c.num_hidden_layers, d)
     spread = utilisation.spread([3.0, 1.0, 2.0])
     assert (spread["median"], spread["min"], spread["max"]) == (2.0, 1.0, 3.0)
-    shapes = {"rows": (1, 8), "peak_size": 256, "prefill": (2, 16), "decode": [(4, 24, 3)], "train": [(2, 16, 4)]}
+    shapes = {
+        "rows": (1, 8),
+        "peak_size": 256,
+        "rollout_episodes": 4,
+        "prefill": (2, 16),
+        "decode": [(4, 24, 3)],
+        "train": [(2, 16, 4)],
+    }
     out = utilisation.measure("tiny", model, tok, shapes, repeats=1)
+    assert out["threads"]["default_threads"] == torch.get_num_threads()  # restored after the one-thread runs
+    assert len(out["threads"]["train"]["one"]) == 1 and out["rollout"]["episodes"] == 4
+    assert 0 <= out["rollout"]["finished_row_share"]["median"] < 1
     assert out["peak_gflops"] > 0 and set(out["matmul_gflops_by_rows"]) == {"1", "8"}
     step = out["decode"][0]
     assert step["batch"] == 4 and 0 < step["step_mfu"]["median"] < 1 and step["step_seconds_with_check"]["median"] > 0
@@ -831,6 +842,8 @@ def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkey
         "prefill": {"rows": 8, "prompt_tokens": 256, "mfu": mfu},
         "decode": [row],
         "train": [{"rows": 4, "length": 512, "real_tokens": 1280, "padded_tokens": 2048, "mfu": mfu}],
+        "rollout": {"episodes": 64, "turns_per_episode": 2.5, "mfu": mfu, "finished_row_share": mfu},
+        "threads": {"train": {"one_thread_speedup": mfu}, "decode_step": {"one_thread_speedup": mfu}},
     }
     report.store("utilisation", {"per_model": {"SmolLM2": model_row}, "shapes": {}}, seeds=[0])
     text = (tmp_path / "BENCHMARKS.md").read_text()

@@ -423,3 +423,27 @@ def test_the_console_scripts_are_the_two_entry_points():
 
     scripts = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.name.startswith("starpo-")}
     assert scripts["starpo-train"].load() is train.script and scripts["starpo-eval"].load() is evaluate.main
+
+
+def test_train_sets_torch_threads_before_the_model_loads(tmp_path, monkeypatch):
+    """--torch_threads: torch computes with that many threads from before the model loads; 0 is refused."""
+    import torch
+
+    import train
+
+    seen = []
+
+    def load(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise AssertionError("stop here")
+
+    monkeypatch.setattr(train, "load_model_and_tokenizer", load)
+    argv = ["--model_name_or_path", "tiny", "--env_id", "starpo/Bandit-v0", "--output_dir", str(tmp_path / "out")]
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(AssertionError, match="stop here"):
+            train.script([*argv, "--torch_threads", "1"])
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+    assert train.script([*argv, "--torch_threads", "0"]) == 2

@@ -83,6 +83,8 @@ class HFBackend:
         self.reuse_cache = reuse_cache and self.full_attention
         self.prefill_tokens = 0  # tokens run through the model before sampling, over all calls
         self.decode_steps = 0  # sampling steps (batched), over all calls
+        self.row_steps = 0  # rows x sampling steps, over all calls: decode work, finished rows included
+        self.reply_tokens = 0  # tokens of the replies returned, over all calls: the decode work that was used
         self._kept: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
 
     def reset(self) -> None:
@@ -155,6 +157,8 @@ class HFBackend:
             if rows_done is not None:
                 end = min(end, rows_done.ends.get(i, end))
             results.append((row[:end], lp[:end]))
+        self.row_steps += n * new_tokens.shape[1]
+        self.reply_tokens += sum(len(ids) for ids, _ in results)
         if self.reuse_cache:
             self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY])
         return results
