@@ -6,7 +6,7 @@
 
 Each recipe (Bandit, then FrozenLake) runs `train.py --config RECIPE --seed S` in a child process;
 its report gives success on the recipe's held-out episodes after the warm start and after RL.
-Each run uses one torch thread (``OMP_NUM_THREADS``, unless set). Per env: before, after, the gain,
+Each run uses one torch thread (the recipes' ``torch_threads: 1``). Per env: before, after, the gain,
 its standard error (two proportions on the same number of episodes,
 ``sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)``: the held-out seeds are the same before and after, so
 this errs on the large side), the gain in standard errors, RL steps and wall time.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -44,13 +43,6 @@ def gain(before: float, after: float, n: int) -> dict:
     }
 
 
-def one_thread() -> dict:
-    """The environment for a demo run: one torch thread unless OMP_NUM_THREADS says otherwise. The tiny model
-    gains nothing from a second thread, and on a machine that is busy two threads per process oversubscribe
-    the cores (a training step several times slower)."""
-    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-
-
 def run(recipe: str, seed: int) -> dict:
     """``train.py`` on ``recipe`` with ``seed``; seed 0 writes where the recipe says (runs/demo/)."""
     config = yaml.safe_load((ROOT / recipe).read_text())
@@ -58,7 +50,7 @@ def run(recipe: str, seed: int) -> dict:
     extra = [] if seed == 0 else ["--output_dir", out, "--report_path", ""]
     start = time.time()
     cmd = [sys.executable, str(ROOT / "train.py"), "--config", recipe, "--seed", str(seed), "--disable_tqdm", "true"]
-    subprocess.run(cmd + extra, cwd=ROOT, check=True, env=one_thread())
+    subprocess.run(cmd + extra, cwd=ROOT, check=True)  # one torch thread: the recipes' torch_threads
     result = json.loads((ROOT / out / "report.json").read_text())
     before, after, n = result["success_before"], result["success_after"], result["episodes"]
     return {
