@@ -30,8 +30,6 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 
 def best_probability(logp_best: float, logp_other: float) -> float:

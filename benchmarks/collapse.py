@@ -45,8 +45,6 @@ from transformers import TrainerCallback
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 import report as _report  # noqa: E402,F401  (records the code's commit as the run starts)
 

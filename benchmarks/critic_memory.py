@@ -17,8 +17,6 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 HIDDEN, LAYERS, STEPS, ENV = 768, 8, 2, "starpo/Bandit-v0"
 

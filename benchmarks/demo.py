@@ -26,7 +26,6 @@ import yaml
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402  (records the code's commit as the run starts)
 

@@ -14,13 +14,10 @@ Into results.json "env_concurrency" and BENCHMARKS.md.
 from __future__ import annotations
 
 import pathlib
-import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 EPISODES = 64
 LATENCY = 0.05
@@ -104,11 +101,10 @@ def main() -> None:
         "concurrent_over_latency": round(threads / LATENCY, 2),
         "target_met": threads <= 3 * LATENCY,
     }
-    sys.path.insert(0, str(ROOT / "tests" / "envs"))
-    from test_openenv import serve  # the tests' server helper: a free port, always stopped
+    from envs.local_server import local_server
 
     result["inprocess_steps_per_s"] = round(steps_per_second("starpo/Sokoban-v0"), 1)
-    with serve("starpo/Sokoban-v0") as (url, _):
+    with local_server("starpo/Sokoban-v0") as (url, _):
         result["openenv_steps_per_s"] = round(steps_per_second("starpo/OpenEnv-v0", (("base_url", url),)), 1)
     print(result)
     store("env_concurrency", result, seeds=None)

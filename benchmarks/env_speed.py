@@ -3,14 +3,10 @@
 python benchmarks/env_speed.py            # prints a table, stores it in benchmarks/results.json + BENCHMARKS.md
 """
 
-import pathlib
-import sys
 import time
 
 import gymnasium as gym
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import envs  # noqa: E402
 
 

@@ -34,14 +34,11 @@ held-out success, mean tokens of the training rows per step, wall time; into res
 from __future__ import annotations
 
 import pathlib
-import sys
 import time
 import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402,F401  (records the code's commit as the run starts)
 

@@ -52,8 +52,6 @@ from transformers.cache_utils import DynamicLayer
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402,F401  (records the code's commit as the run starts)
 

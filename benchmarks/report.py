@@ -16,6 +16,24 @@ RESULTS = ROOT / "benchmarks" / "results.json"
 MARKDOWN = ROOT / "BENCHMARKS.md"
 
 
+def check_code_is_this_checkout() -> None:
+    """The benchmarks import the package as a user does (installed), and results.json records this checkout's
+    commit: so the package, the envs and the two scripts must be this checkout's, not another one's install."""
+    import importlib.util
+
+    for name in ("starpo_trl", "envs", "train", "evaluate"):
+        spec = importlib.util.find_spec(name)
+        origin = pathlib.Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is None or ROOT not in origin.parents:
+            raise SystemExit(
+                f"`{name}` is imported from {origin}, not from this checkout ({ROOT}): run `pip install -e .` in "
+                f"it, or put it first on the path (PYTHONPATH={ROOT})."
+            )
+
+
+check_code_is_this_checkout()
+
+
 def load() -> dict:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 

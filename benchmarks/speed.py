@@ -41,8 +41,6 @@ import time
 import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402,F401  (records the code's commit as the run starts)
 

@@ -33,13 +33,10 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import sys
 import time
 import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402,F401  (records the code's commit as the run starts)
 

@@ -22,7 +22,6 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402,F401  (records the code's commit as the run starts)
 

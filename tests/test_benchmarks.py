@@ -852,3 +852,14 @@ def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkey
     assert (
         "| SmolLM2 | 71 | train (forward + backward) | 4 x 512, 1280 real tokens | 0.250 (0.200-0.300) | | |" in text
     )
+
+
+def test_the_benchmarks_refuse_to_measure_another_checkouts_code(monkeypatch, tmp_path):
+    """The benchmarks import the installed package (no sys.path edits) and record this checkout's commit: code
+    imported from elsewhere is refused, naming what to do."""
+    import report
+
+    report.check_code_is_this_checkout()  # this checkout's install
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match=r"not from this checkout .*pip install -e"):
+        report.check_code_is_this_checkout()

@@ -3,57 +3,23 @@ OpenEnv client plays it) and a running server played as `starpo/OpenEnv-v0`, in 
 a server that dies mid-episode ends those episodes as env errors, not a hung trainer. Servers run
 on 127.0.0.1 on a free port and are always stopped."""
 
-import contextlib
-import os
 import pathlib
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401
+from envs.local_server import local_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_START_S = 300
 
 
-@contextlib.contextmanager
 def serve(env_id: str, env_kwargs: str = "{}", log: pathlib.Path | None = None):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "envs.serve", env_id, "--port", str(port), "--env_kwargs", env_kwargs]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    err = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115  (closed below)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        # a busy 2-core machine can take minutes to import and start the server: poll until it answers
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with {proc.returncode}") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the server did not come up within {SERVER_START_S} s") from None
-                time.sleep(0.2)
-        yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(3)  # a server busy with a slow step may not stop at once: then it is killed
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if log is not None:
-            err.close()
+    """``envs.local_server`` with the tests' start ceiling."""
+    return local_server(env_id, env_kwargs, log, start_timeout=SERVER_START_S)
 
 
 @pytest.fixture(scope="module")
