@@ -101,7 +101,7 @@ def main() -> None:
         "concurrent_over_latency": round(threads / LATENCY, 2),
         "target_met": threads <= 3 * LATENCY,
     }
-    from envs.local_server import local_server
+    from local_server import local_server
 
     result["inprocess_steps_per_s"] = round(steps_per_second("starpo/Sokoban-v0"), 1)
     with local_server("starpo/Sokoban-v0") as (url, _):

@@ -5,15 +5,19 @@ on 127.0.0.1 on a free port and are always stopped."""
 
 import pathlib
 import socket
+import sys
 import time
 
 import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401
-from envs.local_server import local_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the server helper the benchmarks use too
+
+from local_server import local_server  # noqa: E402
+
 SERVER_START_S = 300
 
 

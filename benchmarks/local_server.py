@@ -1,6 +1,7 @@
 """Serve a registered env over OpenEnv's HTTP in a child process on a free local port, for as long as a ``with``
 block runs: ``with local_server("starpo/Sokoban-v0") as (url, process): ...`` (``python -m envs.serve``; needs
-``openenv-core``). The call returns once the server answers ``/health``, and the server is always stopped."""
+``openenv-core``). The call returns once the server answers ``/health``, and the server is always stopped. Used by
+``env_concurrency.py`` and the tests (the library itself starts no process: tests/rollout/test_reliability.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import time
 import urllib.request
 
-PACKAGE_PARENT = pathlib.Path(__file__).resolve().parents[1]  # where ``envs`` is importable from
+PACKAGE_PARENT = pathlib.Path(__file__).resolve().parents[1]  # the checkout: where ``envs`` is importable from
 
 
 @contextlib.contextmanager
