@@ -347,12 +347,12 @@ def models(quick: bool):
 SHAPES = {
     "rows": ROWS,
     "peak_size": 2048,
-    "rollout_episodes": 64,
-    "prefill": (8, 256),  # (rows, prompt tokens)
-    # (rows, cached history tokens, new tokens): a later turn of a rollout of 64 episodes, 16, one alone
-    "decode": [(64, 512, 32), (16, 512, 32), (1, 512, 32)],
-    # (rows, length, real length of half the rows): a micro-batch of 8 whole episodes, then half of them short
-    "train": [(8, 512, None), (8, 512, 128)],
+    "rollout_episodes": 32,
+    "prefill": (4, 256),  # (rows, prompt tokens)
+    # (rows, cached history tokens, new tokens): a later turn of a rollout of 64 episodes, and of 8
+    "decode": [(64, 512, 16), (8, 512, 16)],
+    # (rows, length, real length of half the rows): a micro-batch of 4 whole episodes, then half of them short
+    "train": [(4, 256, None), (4, 256, 64)],
 }
 QUICK = {
     "rows": (1, 64, 512),
