@@ -541,7 +541,7 @@ def write(results: dict) -> None:
             "is rewritten by `scripts/gpu_check.sh` when it runs.",
             "",
         ]
-    MARKDOWN.write_text("\n".join(lines))
+    MARKDOWN.write_text("\n".join(wrapped(lines)))
     README.write_text(render_readme(README.read_text(), results))
 
 
@@ -591,6 +591,23 @@ def vllm_cpu_lines(r: dict) -> list[str]:
 
 def _mfu(x: dict) -> str:
     return f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})"
+
+
+PROSE_WIDTH = 119
+
+
+def wrapped(lines: list[str]) -> list[str]:
+    """Prose lines cut at ``PROSE_WIDTH`` characters between words (a paragraph renders the same); table rows,
+    headings, list items, comments and code are left as they are."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        if len(line) <= PROSE_WIDTH or line.startswith(("|", "#", "-", "<", "`", " ", "*")):
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, PROSE_WIDTH, break_long_words=False, break_on_hyphens=False)
+    return out
 
 
 def utilisation_lines(r: dict) -> list[str]:

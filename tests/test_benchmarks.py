@@ -181,8 +181,9 @@ def test_real_model_speed_rows(tmp_path, monkeypatch):
     assert "x 24 tokens) | 0.61 | <= 1.10: met |" in text
     assert "| kv_reuse_speedup (the same episodes, engine with KV reuse off / on) | 1.90 | > 1: met |" in text
     assert "32 tokens) | 1.20 | <= 1.15: NOT met |" in text
-    assert "KV reuse off 80.0, on 42.1, bare `model.generate` 70.5" in text
-    assert "the whole history turn 1: 200, turn 2: 290; with KV reuse turn 1: 200, turn 2: 67." in text
+    prose = " ".join(text.split())  # paragraphs are wrapped at 119 characters
+    assert "KV reuse off 80.0, on 42.1, bare `model.generate` 70.5" in prose
+    assert "the whole history turn 1: 200, turn 2: 290; with KV reuse turn 1: 200, turn 2: 67." in prose
     # the speed run's own provenance (an RL run stored later rewrites the section's) names where it was measured
     rows["speed_provenance"] = {
         "machine": "m",
@@ -852,6 +853,17 @@ def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkey
     assert (
         "| SmolLM2 | 71 | train (forward + backward) | 4 x 512, 1280 real tokens | 0.250 (0.200-0.300) | | |" in text
     )
+
+
+def test_prose_is_wrapped_and_tables_are_not():
+    import report
+
+    table = "| " + " | ".join(["a long cell"] * 30) + " |"
+    prose = " ".join(["word"] * 100)
+    out = report.wrapped(["# " + prose, table, prose, "- " + prose, ""])
+    assert out[:2] == ["# " + prose, table] and out[-2:] == ["- " + prose, ""]
+    body = out[2:-2]
+    assert len(body) > 1 and all(len(x) <= report.PROSE_WIDTH for x in body) and " ".join(body) == prose
 
 
 def test_the_benchmarks_refuse_to_measure_another_checkouts_code(monkeypatch, tmp_path):
