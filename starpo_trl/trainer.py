@@ -32,6 +32,7 @@ from starpo_trl.monitoring.empty_steps import EmptySteps
 from starpo_trl.monitoring.guard import build_guard
 from starpo_trl.monitoring.metrics import episode_means, held_out_metrics, sample_rows
 from starpo_trl.monitoring.model_card import write_model_card
+from starpo_trl.monitoring.settings import GuardSettings, MISettings
 from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.refill import Refiller
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
@@ -112,17 +113,30 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.engine = RolloutEngine(
             self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
         )
-        self.empty_steps = EmptySteps(args, lambda: self.model.parameters())
-        self.guard = build_guard(args, zero3, self.save_model, self.critic)
-        for callback in [self.empty_steps] + ([self.guard] if self.guard is not None else []):
-            self.add_callback(callback)
-        shaping = self.rollout_config.shapes_think or reasoning_reward_fn is not None
-        named = args.train_envs() + args.eval_envs()
-        self.step_log = StepLog(args, self.num_generations, lambda ep: metrics_name(named, ep.start), shaping)
-        self.kept_group_history = self.step_log.kept_groups  # per step: the groups kept, every group's std
+        self._build_monitoring(
+            args, zero3, shaping=self.rollout_config.shapes_think or reasoning_reward_fn is not None
+        )
         refill = args.rollout_filter_refill  # more rounds when the filter keeps too few groups (starpo_trl.refill)
         play, gather, accel = self._play_and_reward, self._gather_episodes, self.accelerator
         self.refiller = Refiller(args, self.group_envs, self.group_env_index, play, gather, accel) if refill else None
+
+    def _build_monitoring(self, args: StarPOConfig, zero3: bool, shaping: bool) -> None:
+        """The empty-step callback, the collapse guard and the step log, each with its own settings."""
+        self.empty_steps = EmptySteps(args, lambda: self.model.parameters())
+        self.guard = build_guard(GuardSettings.of(args), zero3, self.save_model, self.critic)
+        for callback in [self.empty_steps] + ([self.guard] if self.guard is not None else []):
+            self.add_callback(callback)
+        named = args.train_envs() + args.eval_envs()
+        self.step_log = StepLog(
+            self.rollout_config,
+            MISettings.of(args),
+            self.num_generations,
+            lambda ep: metrics_name(named, ep.start),
+            shaping,
+            batch_size=args.per_device_train_batch_size,
+            seed=args.seed,
+        )
+        self.kept_group_history = self.step_log.kept_groups  # per step: the groups kept, every group's std
 
     # -- rollouts ------------------------------------------------------------------------------------
     def play(self, starts: list[StartState], temperature: float) -> Rollout:

@@ -21,19 +21,32 @@ from starpo_trl.algorithms.value_model import explained_variance
 from starpo_trl.monitoring.metrics import critic_metrics, rollout_metrics
 from starpo_trl.monitoring.mi_statistics import ragen_zscore_ema
 from starpo_trl.monitoring.mutual_info import EMANormalizer, mi_metrics
+from starpo_trl.monitoring.settings import MISettings
 from starpo_trl.rollout import Episode
-from starpo_trl.rollout.prompting import resolve_reply_prefix
+from starpo_trl.rollout.settings import RolloutSettings
 
 RAGEN_EMA_DECAY = 0.9  # RAGEN's ema_decay for the running std behind mi_zscore_ema
 
 
 class StepLog:
-    """Metrics of one run's steps. ``args`` is its ``StarPOConfig``, ``group_size`` the rollouts per
-    start state, ``env_name(episode)`` the name an episode's ``env/<name>/...`` metrics go under,
-    ``shaping`` whether reasoning rewards are on (then their mean is logged)."""
+    """Metrics of one run's steps. ``rollout`` / ``mi``: the run's episode and MI settings, ``group_size`` the
+    rollouts per start state, ``env_name(episode)`` the name an episode's ``env/<name>/...`` metrics go under,
+    ``shaping`` whether reasoning rewards are on (then their mean is logged); ``batch_size`` rows per forward
+    pass of the MI metrics, ``seed`` the run's (the MI sample of a step is drawn from it)."""
 
-    def __init__(self, args, group_size: int, env_name: Callable[[Episode], str], shaping: bool = False):
-        self.args, self.group_size, self.env_name, self.shaping = args, group_size, env_name, shaping
+    def __init__(
+        self,
+        rollout: RolloutSettings,
+        mi: MISettings,
+        group_size: int,
+        env_name: Callable[[Episode], str],
+        shaping: bool = False,
+        batch_size: int = 8,
+        seed: int = 0,
+    ):
+        self.episodes, self.mi = rollout, mi  # the run's episode settings and MI settings
+        self.group_size, self.env_name, self.shaping = group_size, env_name, shaping
+        self.batch_size, self.seed = batch_size, seed
         self.previous_thinks: list[str] | None = None
         self.kept_groups: list[dict] = []  # per training step: the groups kept, and every group's reward std
         self.mi_level = EMANormalizer()
@@ -48,11 +61,11 @@ class StepLog:
             len(scored.kept_groups),
             self.env_name,
             timings,
-            self.args.enable_think,
+            self.episodes.enable_think,
             self.previous_thinks,
             self.shaping,
         )
-        if self.args.enable_think:
+        if self.episodes.enable_think:
             self.previous_thinks = thinks
         return metrics
 
@@ -76,22 +89,22 @@ class StepLog:
         on this process's ``episodes``, the seconds they took, ``mi_estimate_running_z`` (the MI estimate
         against its own running mean and std over steps) and RAGEN's ``mi_zscore_ema`` / ``mi_zscore_ema_seq``
         (the MI estimate per token / per reasoning over the running mean of ``marginal_std`` + 1e-3)."""
-        args = self.args
+        mi = self.mi
         started = time.perf_counter()
         stats = mi_metrics(
             model,
             episodes,
             tokenizer,
             self.group_size,
-            args.mi_metrics_inputs,
-            args.mi_metrics_per_input,
-            args.mi_metrics_turn,
-            args.per_device_train_batch_size,
+            mi.mi_metrics_inputs,
+            mi.mi_metrics_per_input,
+            mi.mi_metrics_turn,
+            self.batch_size,
             temperature,
-            torch.Generator().manual_seed(args.seed * 7919 + step),
+            torch.Generator().manual_seed(self.seed * 7919 + step),
             accelerator,
-            prefix=resolve_reply_prefix(args.reply_prefix, args.enable_think),
-            shared_prefix=args.mi_metrics_shared_prefix,
+            prefix=self.episodes.prefix_text(),
+            shared_prefix=mi.mi_metrics_shared_prefix,
         )
         out = {"collapse/mi_seconds": time.perf_counter() - started}
         out.update({f"collapse/{key}": value for key, value in stats.items()})
