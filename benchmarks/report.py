@@ -427,8 +427,9 @@ def write(results: dict) -> None:
             "reward std has to be measured on a real model (next section; not yet shown there, see docs/monitoring.md).",
             "",
         ]
-    for key in sorted(k for k in results if k.startswith("collapse_real")):  # one section per real-model run
-        lines += collapse_real_lines(results[key])
+    real_runs = [results[k] for k in sorted(k for k in results if k.startswith("collapse_real"))]
+    if real_runs:  # one section: a row per real-model run, then each run's indicators
+        lines += collapse_real_section(real_runs)
     if "mi_warm_starts" in results:
         lines += mi_warm_starts_lines(results["mi_warm_starts"])
     if "real_model" in results:
@@ -870,12 +871,37 @@ def mi_pass_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
+def collapse_real_section(runs: list[dict]) -> list[str]:
+    """The collapse benchmark on the real model (`collapse.py --real [RUN]`): a row per run, then each run."""
+    lines = [
+        "## Collapse guard and MI on the real model (`python benchmarks/collapse.py --real [RUN]`)",
+        "",
+        "SmolLM2-135M-Instruct from the FrozenLake warm start, trained with plain GRPO meant to push it into collapse; "
+        "each run's settings, indicators and MI passes below. Early success = mean train success of the first 10 "
+        "rollouts; halved = first step whose 5-rollout moving average is below half of it.",
+        "",
+        "| run | early success | guard events (step: rules) | MI rule fired | success halved at | MI pass share of step time | wall s | dashboard |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        x = r["run"]
+        lines.append(
+            f"| `{r.get('command', 'python benchmarks/collapse.py --real').removeprefix('python benchmarks/collapse.py ')}` | "
+            f"{x['early_success']:.3f} | {guard_events_cell(x)} | {x['retrieval_first_step'] or 'never'} | "
+            f"{x['success_halved_step'] or 'never'} | {100 * (x['mi_overhead'] or 0):.1f}% | {x['wall_seconds']:.0f} | "
+            f"`{x['png']}` |"
+        )
+    lines.append("")
+    for r in runs:
+        lines += collapse_real_lines(r)
+    return lines
+
+
 def collapse_real_lines(r: dict) -> list[str]:
-    """The collapse benchmark on the real model (`collapse.py --real`): one run, its guard events and MI passes."""
+    """One real-model collapse run: its settings, when each indicator first fell below its rule, its MI passes."""
     x = r["run"]
     lines = [
-        f"## Collapse guard and MI on the real model (`{r.get('command', 'python benchmarks/collapse.py --real')}`, "
-        f"{stamp(r)})",
+        f"### Run (`{r.get('command', 'python benchmarks/collapse.py --real')}`, {stamp(r)})",
         "",
         f"{r['model']}, trained for {r['steps']} steps with plain GRPO meant to push it into collapse"
         + (
@@ -885,13 +911,7 @@ def collapse_real_lines(r: dict) -> list[str]:
         )
         + " on its FrozenLake rollouts: "
         + ", ".join(f"`{k}={v}`" for k, v in x["settings"].items())
-        + ". Early success = mean train success of the first 10 rollouts; halved = first step whose 5-rollout moving "
-        "average is below half of it.",
-        "",
-        "| early success | guard events (step: rules) | MI rule fired | success halved at | MI pass share of step time | wall s | dashboard |",
-        "|---|---|---|---|---|---|---|",
-        f"| {x['early_success']:.3f} | {guard_events_cell(x)} | {x['retrieval_first_step'] or 'never'} | {x['success_halved_step'] or 'never'} | "
-        f"{100 * (x['mi_overhead'] or 0):.1f}% | {x['wall_seconds']:.0f} | `{x['png']}` |",
+        + ".",
         "",
     ]
     if x.get("raw_crossings"):

@@ -468,6 +468,9 @@ def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
         "(`python benchmarks/collapse.py --real`," in text
         and "(`python benchmarks/collapse.py --real real-5x`," in text
     )
+    # one section for the real-model runs (they were three near-identical ones): a row per run, then each run
+    assert text.count("## Collapse guard and MI on the real model") == 1
+    assert "| `--real` | 0.400 |" in text and "| `--real real-5x` |" in text
 
 
 def test_bandit_reading_by_hand():
