@@ -557,7 +557,7 @@ class RunArguments:
     torch_threads: int | None = field(
         default=None,
         metadata={
-            "help": "Threads torch computes with on CPU (torch.set_num_threads); None: its default, one per core. A small model gains little from more threads and loses much when other jobs share the cores: see benchmarks/utilisation.py."
+            "help": "Threads torch computes with on CPU (torch.set_num_threads); None: its default, one per core. Alone on the machine the default is faster; when other jobs share the cores, one thread per process avoids oversubscribing them (benchmarks/utilisation.py)."
         },
     )
     rank_summary: bool = field(
