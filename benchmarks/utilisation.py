@@ -107,7 +107,7 @@ def weight_flops_per_token(model) -> float:
     return 2.0 * sum(n * k for n, k in linear_shapes(model))
 
 
-def prefill_row(model, tok, rows: int, prompt: int, rates: dict, repeats: int) -> dict:
+def prefill_row(model, tok, rows: int, prompt: int, repeats: int) -> dict:
     """``HFBackend.generate`` of 1 token on ``rows`` distinct random prompts of ``prompt`` tokens: the prefill."""
     torch.manual_seed(0)
     vocab = model.config.get_text_config().vocab_size
@@ -187,7 +187,8 @@ def train_row(model, rows: int, length: int, real_length: int | None, repeats: i
     labels = ids.masked_fill(mask == 0, -100)
     layers, width = attention_width(model)
     lengths = mask.sum(1).tolist()
-    flops = sum(n * (3 * weight_flops_per_token(model) + 6 * layers * width * n) for n in lengths)
+    per_token = weight_flops_per_token(model)  # walks the modules once, not once per row
+    flops = sum(n * (3 * per_token + 6 * layers * width * n) for n in lengths)
     was_training = model.training
     model.train()
 
@@ -289,7 +290,7 @@ def measure(name: str, model, tok, shapes: dict, repeats: int) -> dict:
         "train": [],
     }
     rows, prompt = shapes["prefill"]
-    row = prefill_row(model, tok, rows, prompt, rates, repeats)
+    row = prefill_row(model, tok, rows, prompt, repeats)
     row["mfu"] = spread([g * 1e9 / peak for g in row["gflops"]["repeats"]])
     out["prefill"] = row
     print(name, f"prefill {rows} x {prompt}: MFU {row['mfu']['median']:.3f}", flush=True)
