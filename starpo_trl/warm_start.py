@@ -265,4 +265,8 @@ def warm_start_from_config(model, tokenizer, run_args, args, output_dir: str | N
         batch_size=run_args.warm_start_batch_size,
         seed=args.seed,
         use_cpu=args.use_cpu,  # the same devices as RL: a different choice here would reset the process layout
+        # the run's memory trade: recomputing activations costs a forward pass per step, worth it only where
+        # memory is short (TRL's configs turn it on by default); the weights come out the same either way
+        gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
     )

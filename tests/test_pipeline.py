@@ -56,6 +56,40 @@ def test_noisy_demonstrations_are_worse_than_clean_ones(tiny_tokenizer):
     assert sum(clean["success"]) > sum(noisy["success"]) + 10
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_warm_start_follows_the_runs_gradient_checkpointing(tmp_path, tiny_tokenizer, fresh_model, checkpointing):
+    """The SFT warm start trades memory for compute as the run does (TRL's configs turn checkpointing on by
+    default; the demo recipes turn it off), and the trade never changes the weights it gives."""
+    import torch
+    from helpers import make_args
+    from trl import SFTTrainer
+
+    import starpo_trl.warm_start as ws
+    from starpo_trl.config import RunArguments
+    from starpo_trl.tiny import build_tiny_model
+
+    seen = []
+    original = SFTTrainer.train
+
+    def train(self, *a, **k):
+        out = original(self, *a, **k)
+        seen.append((self.args.gradient_checkpointing, self.model.is_gradient_checkpointing))
+        return out
+
+    args = make_args(tmp_path, gradient_checkpointing=checkpointing, env_id="starpo/FrozenLake-v0")
+    run = RunArguments(warm_start_episodes=8, warm_start_batch_size=4, warm_start_epochs=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SFTTrainer, "train", train)
+        trained = ws.warm_start_from_config(fresh_model, tiny_tokenizer, run, args, str(tmp_path / "ws"))
+    assert seen == [(checkpointing, checkpointing)]
+    other = make_args(tmp_path, gradient_checkpointing=not checkpointing, env_id="starpo/FrozenLake-v0")
+    again = ws.warm_start_from_config(
+        build_tiny_model(tiny_tokenizer, seed=1), tiny_tokenizer, run, other, str(tmp_path / "ws2")
+    )
+    for a, b in zip(trained.parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
 def test_recipes_parse(recipe):
     import train
