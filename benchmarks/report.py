@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import platform
@@ -163,365 +164,24 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
 
 
-def write(results: dict) -> None:
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand.",
-        "",
-    ]
-    if "demo" in results:
-        lines += ["## The CPU demo (`make train`: `python benchmarks/demo.py`)", "", *demo_table(results), ""]
-    if "envs" in results:
-        r = results["envs"]
-        lines += [
-            f"## Environment speed (`python benchmarks/env_speed.py`, {stamp(r)})",
-            "",
-            "| env | resets/s | steps/s |",
-            "|---|---|---|",
-        ]
-        lines += [f"| `{k}` | {v['resets_per_s']:.0f} | {v['steps_per_s']:.0f} |" for k, v in r["per_env"].items()]
-        lines += [
-            "",
-            f"Target: 6x6 Sokoban resets >= 200/s on one core: **{'met' if r['sokoban_target_met'] else 'NOT met'}**.",
-            "",
-        ]
-    if "speed" in results:
-        r = results["speed"]
-        check = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-        lines += [
-            f"## Speed (`python benchmarks/speed.py`, {stamp(r)})",
-            "",
-            f"Model: {r['model']}. Each ratio is measured side by side in one run: the median of the repeats (min-max, repeats).",
-            "",
-            "| measure | value | target |",
-            "|---|---|---|",
-            f"| rollout_overhead_ratio (engine / bare `model.generate` on the same inputs, 32 episodes x 5 turns) | {spread_text(r, 'rollout_overhead_ratio')} | <= 1.10: {check(r['rollout_overhead_ratio'] <= 1.10)} |",
-            f"| batched_vs_sequential_speedup (same 32 episodes) | {spread_text(r, 'batched_vs_sequential_speedup')} | >= 5: {check(r['batched_vs_sequential_speedup'] >= 5)} |",
-            f"| step_time_ratio_vs_trl_grpo (per model token, single-turn Bandit) | {spread_text(r, 'step_time_ratio_vs_trl_grpo')} | <= 1.15: {check(r['step_time_ratio_vs_trl_grpo'] <= 1.15)} |",
-            f"| peak RSS of a shortened CPU demo run (MiB) | {r['demo_peak_rss_mib']:.0f} | |",
-            "",
-            f"Step seconds: {r['step_seconds']}; mean completion tokens: {r['mean_completion_tokens']}.",
-            "",
-            "Tokens the model reads before sampling, per episode at each turn: the whole history "
-            + ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn"]))
-            + (
-                (
-                    "; with the HF backend's KV reuse across turns (only what was appended) "
-                    + ", ".join(
-                        f"turn {i + 1}: {v:.0f}"
-                        for i, v in enumerate(r["prefill_tokens_per_episode_by_turn_kv_reuse"])
-                    )
-                    + f". KV reuse speedup of the engine (reuse off / on, same episodes): {spread_text(r, 'kv_reuse_speedup')} on the tiny model"
-                    + (
-                        f", {spread_text(r, 'kv_reuse_speedup_smollm2')} on SmolLM2-135M-Instruct (8 FrozenLake episodes x 3 turns x 24 tokens)"
-                        if "kv_reuse_speedup_smollm2" in r
-                        else ""
-                    )
-                )
-                if "kv_reuse_speedup" in r
-                else ""
-            )
-            + ".",
-            "",
-        ]
-    if "mi_pass" in results:
-        lines += mi_pass_lines(results["mi_pass"])
-    if "env_concurrency" in results:
-        r = results["env_concurrency"]
-        lines += [
-            f"## Stepping a turn's episodes (`python benchmarks/env_concurrency.py`, {stamp(r)})",
-            "",
-            f"{r['episodes']} episodes of an env whose step waits {r['step_latency_s'] * 1000:.0f} ms, already reset: one turn "
-            "(every episode stepped once) through the env runner the engine uses; best of 3.",
-            "",
-            "| env_runner | turn wall s | x one step's latency |",
-            "|---|---|---|",
-            f"| inline (one after another) | {r['sequential_turn_s']:.3f} | {r['sequential_turn_s'] / r['step_latency_s']:.1f} |",
-            f"| threads | {r['concurrent_turn_s']:.3f} | {r['concurrent_over_latency']:.1f} |",
-            f"| processes | {r['processes_turn_s']:.3f} | {r['processes_turn_s'] / r['step_latency_s']:.1f} |",
-            "",
-            f"Target (threads <= 3x one step's latency): **{'met' if r['target_met'] else 'missed'}**. "
-            f"64 Sokoban episodes (5 turns, threads): {r['inprocess_steps_per_s']:.0f} env steps/s in-process, "
-            + (
-                "through an OpenEnv server not measured."
-                if r["openenv_steps_per_s"] is None
-                else f"{r['openenv_steps_per_s']:.0f} through an OpenEnv server on 127.0.0.1 (one session per episode)."
-            ),
-            "",
-        ]
-    if "multi_env" in results:
-        r = results["multi_env"]
-        lines += [
-            f"## Several envs in one run (`python benchmarks/multi_env.py`, {stamp(r)})",
-            "",
-            f"One policy trained on every env of `{r['recipe']}` at once next to one policy per env, each run with the "
-            f"same warm-start demonstrations, steps ({r['max_steps']}) and episodes per step; held-out success on "
-            f"{r['episodes']} episodes of each eval env. Wall time: multi-env run {r['multi_env_wall_seconds']:.0f} s.",
-            "",
-            "| trained on | evaluated on | one policy for all envs | one policy per env | single-env wall s |",
-            "|---|---|---|---|---|",
-        ]
-        for x in r["rows"]:
-            lines.append(
-                f"| `{x['train_env']}` | `{x['eval_env']}` | {x['multi_env_success']:.3f} | {x['single_env_success']:.3f} | "
-                f"{x['single_env_wall_seconds']:.0f} |"
-            )
-        lines.append("")
-    if "context_windows" in results:
-        r = results["context_windows"]
-        lines += [
-            f"## Learning: context windows (`python benchmarks/learning.py windows`, {stamp(r)})",
-            "",
-            "Tiny offline model, one warm start (on whole histories), then StarPO with each `context_window` in training and "
-            f"held-out evaluation, seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; tokens = "
-            "prompt + completion tokens of a step's training rows (with a window: one row per turn).",
-            "",
-            "| env | context_window | final success (mean) | spread | per seed | tokens per step |",
-            "|---|---|---|---|---|---|",
-        ]
-        for env_id, e in r["per_env"].items():
-            for w, x in e["summary"].items():
-                runs = [y for y in e["runs"] if y["window"] == w]
-                lines.append(
-                    f"| `{env_id}` | {w} | {x['mean']:.3f} | {x['spread']:.3f} | "
-                    + ", ".join(f"{y['final_success']:.3f}" for y in runs)
-                    + f" | {x['tokens_per_step']:.0f} |"
-                )
-        lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
-    if "vllm_cpu" in results:
-        lines += vllm_cpu_lines(results["vllm_cpu"])
-    if "utilisation" in results:
-        lines += utilisation_lines(results["utilisation"])
-    for section, part, title in COMPARISON_SECTIONS:
-        if section in results:
-            lines += comparison_lines(results[section], part, title)
-    if "filter_strategies" in results:
-        r = results["filter_strategies"]
-        lines += [
-            f"## Learning: rollout filter strategies (`python benchmarks/learning.py strategies`, {stamp(r)})",
-            "",
-            "Tiny offline model, one warm start per env, then StarPO with each filter and seeds "
-            f"{', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; kept share = kept episodes / "
-            "played, averaged over steps; empty steps = steps the filter kept nothing (skipped).",
-            "",
-            "| env | filter | final success (mean) | spread (max - min) | per seed | kept share | empty steps | wall s (mean) |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for env_id, e in r["per_env"].items():
-            for label, s in e["summary"].items():
-                runs = [x for x in e["runs"] if x["strategy"] == label]
-                kept = [x["kept_fraction_mean"] for x in runs if x["kept_fraction_mean"] is not None]
-                lines.append(
-                    f"| `{env_id}` | {label} | {s['mean']:.3f} | {s['spread']:.3f} | "
-                    + ", ".join(f"{x['final_success']:.3f}" for x in runs)
-                    + f" | {sum(kept) / len(kept):.2f} | "
-                    + ", ".join(str(x["empty_after_filter_steps"]) for x in runs)
-                    + f" | {sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |"
-                )
-        for env_id, e in r["per_env"].items():
-            lines.append(
-                f"\n`{env_id}` ({e['png']}): ordering by mean final success: " + " > ".join(e["ordering"]) + "."
-            )
-        lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
-    if "learning" in results:
-        r = results["learning"]
-        lines += [
-            f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {stamp(r)})",
-            "",
-            "The paper's finding 4 at small scale: tiny offline model, one warm start per env, then StarPO with keep ratio "
-            f"{', '.join(map(str, r['ratios']))} and seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.",
-            "",
-            "| env | keep ratio | final success (mean) | per seed | collapse step | wall s (mean) |",
-            "|---|---|---|---|---|---|",
-        ]
-        for env_id, e in r["per_env"].items():
-            for ratio in r["ratios"]:
-                runs = [x for x in e["runs"] if x["ratio"] == ratio]
-                lines.append(
-                    f"| `{env_id}` | {ratio} | {e['mean_final_success'][str(ratio)] if str(ratio) in e['mean_final_success'] else e['mean_final_success'][ratio]:.3f} | "
-                    + ", ".join(f"{x['final_success']:.3f}" for x in runs)
-                    + " | "
-                    + ", ".join(str(x["collapse_step"]) if x["collapse_step"] else "none" for x in runs)
-                    + " | "
-                    + f"{sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |"
-                )
-        for env_id, e in r["per_env"].items():
-            collapsed = [x for x in e["runs"] if x["collapse_step"]]
-            lines.append(
-                f"\n`{env_id}` ({e['png']}): the paper's ordering (0.25 >= 0.5 >= 1.0 in final success) "
-                + ("**held**." if e["paper_ordering_held"] else "**did not hold**.")
-                + (
-                    f" {len(collapsed)} of {len(e['runs'])} runs collapsed."
-                    if collapsed
-                    else " No run collapsed within its steps, so steps-to-collapse does not separate the ratios here."
-                )
-            )
-        lines.append("")
-    if "critic_memory" in results:
-        r = results["critic_memory"]
-        lines += [
-            f"## Critic memory (`python benchmarks/critic_memory.py`, {stamp(r)})",
-            "",
-            f"Peak resident memory of {r['steps']} training steps of a LoRA policy ({r['model']}) on "
-            f"`{r['env_id']}`, each run in its own process, side by side:",
-            "",
-            "| advantage estimator / critic | peak RSS (MiB) |",
-            "|---|---|",
-        ]
-        lines += [f"| {name} | {mb:.0f} |" for name, mb in r["peak_rss_mib"].items()]
-        lines += [
-            "",
-            f"LoRA critic / full critic peak memory: **{r['lora_vs_full_ratio']:.2f}**; "
-            f"extra memory over no critic: LoRA {r['lora_extra_mib']:.0f} MiB, full {r['full_extra_mib']:.0f} MiB.",
-            "",
-        ]
-    if "collapse" in results:
-        r = results["collapse"]
-        yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
-        lines += [
-            f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {stamp(r)})",
-            "",
-            f"Same warm-started tiny model on non-slippery FrozenLake, {r['steps']} steps each, `collapse_guard=warn` with default "
-            "thresholds, the two runs side by side. Early success = mean train success of the first 10 rollouts; "
-            '"halved" = first step whose 5-rollout moving average of train success is below half of it.',
-            "",
-            "| run | settings | early success | guard events (step: rules) | success halved at | dashboard |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, x in r["runs"].items():
-            lines.append(
-                f"| {name} | {x['settings']} | {x['early_success']:.3f} | {guard_events_cell(x)} | {x['success_halved_step'] or 'never'} | `{x['png']}` |"
-            )
-        lines += [
-            "",
-            f"- guard fired in the collapse run: {yes(r['guard_fired_in_collapse_run'])}; before success halved: "
-            f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
-            f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}",
-            f"- first rollout of the collapse run with train success 0: step {r.get('success_crash_step')}",
-        ]
-        for name, x in r["runs"].items():
-            if x.get("mi_overhead") is not None:
-                lines.append(
-                    f"- {name}: the MI rule (retrieval accuracy) fired {('at step ' + str(x['retrieval_first_step'])) if x['retrieval_first_step'] else 'never'} "
-                    f"(success halved: {x['success_halved_step'] or 'never'}); the MI pass cost "
-                    f"{100 * x['mi_overhead']:.1f}% of the step time at the default `mi_metrics_every`"
-                    + (
-                        f"; over its {x['mi_passes']} passes retrieval accuracy averaged {x['mi_retrieval_mean']:.3f} "
-                        f"(chance {x['mi_chance_mean']:.3f}), I(X;Z) {x['mi_estimate_mean']:.3f} nats"
-                        if x.get("mi_passes")
-                        else ""
-                    )
-                )
-        lines += [
-            "",
-            "Read with care: the events are the guard's rules with the shipped defaults run over the logged histories "
-            "(identical to the live guard in `warn` mode). Those defaults (drop to 0.4 of the early level; two grad-norm "
-            "spikes of 5x in a row) were set on an earlier pair of these runs (2026-12-02: the grad-norm rule first, at "
-            "step 60, one rollout before success fell to 0; reward std and entropy crossed only after the crash). Runs "
-            "differ from one measurement to the next (thread timing, code changed since), so the step at which a rule "
-            "fires moves by several steps: one pair of runs is an anecdote, not a rate. The MI metrics need reasoning "
-            "that depends on the input in the first place: the tiny model's reasoning is a few template words from its "
-            "warm start, so its retrieval accuracy sits near chance from step 1 (the mean over the MI passes is in the "
-            "lines above) and the MI rule has no early level to fall from; whether MI warns earlier than entropy and "
-            "reward std has to be measured on a real model (next section; not yet shown there, see docs/monitoring.md).",
-            "",
-        ]
-    real_runs = [results[k] for k in sorted(k for k in results if k.startswith("collapse_real"))]
-    if real_runs:  # one section: a row per real-model run, then each run's indicators
-        lines += collapse_real_section(real_runs)
-    if "mi_warm_starts" in results:
-        lines += mi_warm_starts_lines(results["mi_warm_starts"])
-    if "real_model" in results:
-        r = results["real_model"]
-        lines += [
-            f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {stamp(r)})",
-            "",
-            f"{r['model']}. Licence: Apache-2.0.",
-            "",
-        ]
-        if "rollout_overhead_ratio" in r:
-            lines += real_model_speed_lines(r)
-        if "sampling_cache_speedup" in r:
-            d = r["decode_step_seconds"]
-            lines += [
-                f"Sampling cache (`python benchmarks/real_model.py decode`): one decode step of {d['rows']} rows with "
-                f"{d['cached_tokens']} cached tokens, the HF backend's cache allocated once per call "
-                f"({', '.join(map(str, d['preallocated']))} s) against transformers' concatenating `DynamicLayer` "
-                f"({', '.join(map(str, d['concatenating']))} s), same draws: **{r['sampling_cache_speedup']:.2f}x**.",
-                "",
-            ]
-        if r.get("baseline"):
-            lines += [
-                "Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "
-                f"{r.get('temperature', 0.5)}, StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).",
-                "",
-                "| env | episodes | success | format-error rate (per turn) | valid-action rate | turns | wall s |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for env_id, x in r["baseline"].items():
-                lines.append(
-                    f"| `{env_id}` | {x.get('episodes', r.get('episodes', ''))} | {x['success']:.3f} | {x['format_error_rate']:.3f} | "
-                    f"{x['valid_action_rate']:.3f} | {x['turns']:.2f} | {x['wall_seconds']:.0f} |"
-                )
-            lines.append("")
-        if r.get("runs"):
-            lines += [
-                "StarPO runs (`python benchmarks/real_model.py rl RECIPE`): held-out success and format-error rate (per turn) "
-                "before RL (after any warm start) and after.",
-                "",
-                "| recipe | train env | eval env | start | success before -> after | format errors before -> after | steps | step s (median) | wall s | peak RSS MiB | curves |",
-                "|---|---|---|---|---|---|---|---|---|---|---|",
-            ]
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-            run_name = lambda x: f"`{x['recipe']}`" + (f" `{x['flags']}`" if x.get("flags") else "")  # noqa: E731
-            for x in r["runs"]:
-                start = x["start"] + (f" ({x['warm_start']})" if x.get("warm_start") else "")
-                lines.append(
-                    f"| {run_name(x)} | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
-                    f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
-                    f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |"
-                )
-            lines.append("")
-            noted = [x for x in r["runs"] if x.get("note")]
-            lines += [f"- {run_name(x)}: {x['note']}" for x in noted] + ([""] if noted else [])
-            several = [x for x in r["runs"] if len(x.get("eval_envs") or {}) > 1]
-            if several:
-                lines += [
-                    "Runs evaluated on several envs, each on its own held-out episodes:",
-                    "",
-                    "| run | eval env | success before -> after | format errors before -> after |",
-                    "|---|---|---|---|",
-                ]
-                for x in several:
-                    for env, e in x["eval_envs"].items():
-                        lines.append(
-                            f"| {run_name(x)} | {env} | {fmt(e['success_before'])} -> {fmt(e['success_after'])} "
-                            f"| {fmt(e['format_error_before'])} -> {fmt(e['format_error_after'])} |"
-                        )
-                lines.append("")
-        lines += real_model_seed_lines(r)
-        lines += real_model_reading_lines(r)
-    if "whitening" in results:
-        r = results["whitening"]
-        lines += [
-            f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {stamp(r)})",
-            "",
-            f"`{r['recipe']}` (tiny model, warm start, full critic, 100 steps, seed 0) with `whiten_advantages` on and off; "
-            "held-out success on 256 episodes; explained variance of the critic averaged over windows of 20 rollouts (this recipe plays one rollout every 2 optimizer steps).",
-            "",
-            "| run | success before | success after | critic explained variance by 20 rollouts | mean advantages std | wall s |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, x in r["runs"].items():
-            lines.append(
-                f"| {name} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
-                f"{', '.join(f'{v:.2f}' for v in x['explained_variance_by_20_steps'])} | {x['advantages_std_mean']:.3f} | {x['wall_seconds']:.0f} |"
-            )
-        lines.append("")
-    lines += ["## GPU checks (`bash scripts/gpu_check.sh`)", ""]
-    if "gpu_check" in results:
-        r = results["gpu_check"]
+def demo_lines(results: dict) -> list[str]:
+    """`make train` and the same demo on more seeds (sections ``demo``, ``demo_seeds``)."""
+    if "demo" not in results:
+        return []
+    return ["## The CPU demo (`make train`: `python benchmarks/demo.py`)", "", *demo_table(results), ""]
+
+
+def collapse_real_lines_all(results: dict) -> list[str]:
+    """The real-model collapse runs (every ``collapse_real*`` section) as one section."""
+    runs = [results[k] for k in sorted(k for k in results if k.startswith("collapse_real"))]
+    return collapse_real_section(runs) if runs else []
+
+
+def gpu_check_lines(results: dict) -> list[str]:
+    """`scripts/gpu_check.sh`'s checks, or that they have not run (always rendered)."""
+    lines = ["## GPU checks (`bash scripts/gpu_check.sh`)", ""]
+    r = results.get("gpu_check")
+    if r is not None:
         lines += [
             f"Run on {r['gpu']} ({r['measured_at']}); a random Qwen2.5-0.5B-architecture model with the offline tokenizer.",
             "",
@@ -542,8 +202,386 @@ def write(results: dict) -> None:
             "is rewritten by `scripts/gpu_check.sh` when it runs.",
             "",
         ]
-    MARKDOWN.write_text("\n".join(wrapped(lines)))
-    README.write_text(render_readme(README.read_text(), results))
+    return lines
+
+
+def env_speed_lines(r: dict) -> list[str]:
+    """`env_speed.py`: resets and steps per second of each env."""
+    lines = [
+        f"## Environment speed (`python benchmarks/env_speed.py`, {stamp(r)})",
+        "",
+        "| env | resets/s | steps/s |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{k}` | {v['resets_per_s']:.0f} | {v['steps_per_s']:.0f} |" for k, v in r["per_env"].items()]
+    lines += [
+        "",
+        f"Target: 6x6 Sokoban resets >= 200/s on one core: **{'met' if r['sokoban_target_met'] else 'NOT met'}**.",
+        "",
+    ]
+    return lines
+
+
+def speed_lines(r: dict) -> list[str]:
+    """`speed.py`: the engine's speed ratios, side by side, with their spread."""
+    lines = []
+    check = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    lines += [
+        f"## Speed (`python benchmarks/speed.py`, {stamp(r)})",
+        "",
+        f"Model: {r['model']}. Each ratio is measured side by side in one run: the median of the repeats (min-max, repeats).",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+        f"| rollout_overhead_ratio (engine / bare `model.generate` on the same inputs, 32 episodes x 5 turns) | {spread_text(r, 'rollout_overhead_ratio')} | <= 1.10: {check(r['rollout_overhead_ratio'] <= 1.10)} |",
+        f"| batched_vs_sequential_speedup (same 32 episodes) | {spread_text(r, 'batched_vs_sequential_speedup')} | >= 5: {check(r['batched_vs_sequential_speedup'] >= 5)} |",
+        f"| step_time_ratio_vs_trl_grpo (per model token, single-turn Bandit) | {spread_text(r, 'step_time_ratio_vs_trl_grpo')} | <= 1.15: {check(r['step_time_ratio_vs_trl_grpo'] <= 1.15)} |",
+        f"| peak RSS of a shortened CPU demo run (MiB) | {r['demo_peak_rss_mib']:.0f} | |",
+        "",
+        f"Step seconds: {r['step_seconds']}; mean completion tokens: {r['mean_completion_tokens']}.",
+        "",
+        "Tokens the model reads before sampling, per episode at each turn: the whole history "
+        + ", ".join(f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn"]))
+        + (
+            (
+                "; with the HF backend's KV reuse across turns (only what was appended) "
+                + ", ".join(
+                    f"turn {i + 1}: {v:.0f}" for i, v in enumerate(r["prefill_tokens_per_episode_by_turn_kv_reuse"])
+                )
+                + f". KV reuse speedup of the engine (reuse off / on, same episodes): {spread_text(r, 'kv_reuse_speedup')} on the tiny model"
+                + (
+                    f", {spread_text(r, 'kv_reuse_speedup_smollm2')} on SmolLM2-135M-Instruct (8 FrozenLake episodes x 3 turns x 24 tokens)"
+                    if "kv_reuse_speedup_smollm2" in r
+                    else ""
+                )
+            )
+            if "kv_reuse_speedup" in r
+            else ""
+        )
+        + ".",
+        "",
+    ]
+    return lines
+
+
+def env_concurrency_lines(r: dict) -> list[str]:
+    """`env_concurrency.py`: one turn of slow envs through each env runner."""
+    lines = [
+        f"## Stepping a turn's episodes (`python benchmarks/env_concurrency.py`, {stamp(r)})",
+        "",
+        f"{r['episodes']} episodes of an env whose step waits {r['step_latency_s'] * 1000:.0f} ms, already reset: one turn "
+        "(every episode stepped once) through the env runner the engine uses; best of 3.",
+        "",
+        "| env_runner | turn wall s | x one step's latency |",
+        "|---|---|---|",
+        f"| inline (one after another) | {r['sequential_turn_s']:.3f} | {r['sequential_turn_s'] / r['step_latency_s']:.1f} |",
+        f"| threads | {r['concurrent_turn_s']:.3f} | {r['concurrent_over_latency']:.1f} |",
+        f"| processes | {r['processes_turn_s']:.3f} | {r['processes_turn_s'] / r['step_latency_s']:.1f} |",
+        "",
+        f"Target (threads <= 3x one step's latency): **{'met' if r['target_met'] else 'missed'}**. "
+        f"64 Sokoban episodes (5 turns, threads): {r['inprocess_steps_per_s']:.0f} env steps/s in-process, "
+        + (
+            "through an OpenEnv server not measured."
+            if r["openenv_steps_per_s"] is None
+            else f"{r['openenv_steps_per_s']:.0f} through an OpenEnv server on 127.0.0.1 (one session per episode)."
+        ),
+        "",
+    ]
+    return lines
+
+
+def multi_env_lines(r: dict) -> list[str]:
+    """`multi_env.py`: one policy for several envs next to one per env."""
+    lines = [
+        f"## Several envs in one run (`python benchmarks/multi_env.py`, {stamp(r)})",
+        "",
+        f"One policy trained on every env of `{r['recipe']}` at once next to one policy per env, each run with the "
+        f"same warm-start demonstrations, steps ({r['max_steps']}) and episodes per step; held-out success on "
+        f"{r['episodes']} episodes of each eval env. Wall time: multi-env run {r['multi_env_wall_seconds']:.0f} s.",
+        "",
+        "| trained on | evaluated on | one policy for all envs | one policy per env | single-env wall s |",
+        "|---|---|---|---|---|",
+    ]
+    for x in r["rows"]:
+        lines.append(
+            f"| `{x['train_env']}` | `{x['eval_env']}` | {x['multi_env_success']:.3f} | {x['single_env_success']:.3f} | "
+            f"{x['single_env_wall_seconds']:.0f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def context_windows_lines(r: dict) -> list[str]:
+    """`learning.py windows`: final success and tokens per step for each context window."""
+    lines = [
+        f"## Learning: context windows (`python benchmarks/learning.py windows`, {stamp(r)})",
+        "",
+        "Tiny offline model, one warm start (on whole histories), then StarPO with each `context_window` in training and "
+        f"held-out evaluation, seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; tokens = "
+        "prompt + completion tokens of a step's training rows (with a window: one row per turn).",
+        "",
+        "| env | context_window | final success (mean) | spread | per seed | tokens per step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for env_id, e in r["per_env"].items():
+        for w, x in e["summary"].items():
+            runs = [y for y in e["runs"] if y["window"] == w]
+            lines.append(
+                f"| `{env_id}` | {w} | {x['mean']:.3f} | {x['spread']:.3f} | "
+                + ", ".join(f"{y['final_success']:.3f}" for y in runs)
+                + f" | {x['tokens_per_step']:.0f} |"
+            )
+    lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
+    return lines
+
+
+def filter_strategies_lines(r: dict) -> list[str]:
+    """`learning.py strategies`: final success and kept share for each rollout filter."""
+    lines = [
+        f"## Learning: rollout filter strategies (`python benchmarks/learning.py strategies`, {stamp(r)})",
+        "",
+        "Tiny offline model, one warm start per env, then StarPO with each filter and seeds "
+        f"{', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes; kept share = kept episodes / "
+        "played, averaged over steps; empty steps = steps the filter kept nothing (skipped).",
+        "",
+        "| env | filter | final success (mean) | spread (max - min) | per seed | kept share | empty steps | wall s (mean) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for env_id, e in r["per_env"].items():
+        for label, s in e["summary"].items():
+            runs = [x for x in e["runs"] if x["strategy"] == label]
+            kept = [x["kept_fraction_mean"] for x in runs if x["kept_fraction_mean"] is not None]
+            lines.append(
+                f"| `{env_id}` | {label} | {s['mean']:.3f} | {s['spread']:.3f} | "
+                + ", ".join(f"{x['final_success']:.3f}" for x in runs)
+                + f" | {sum(kept) / len(kept):.2f} | "
+                + ", ".join(str(x["empty_after_filter_steps"]) for x in runs)
+                + f" | {sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |"
+            )
+    for env_id, e in r["per_env"].items():
+        lines.append(f"\n`{env_id}` ({e['png']}): ordering by mean final success: " + " > ".join(e["ordering"]) + ".")
+    lines += ["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""]
+    return lines
+
+
+def keep_ratio_lines(r: dict) -> list[str]:
+    """`learning.py` (section ``learning``): final success for each variance-filter keep ratio."""
+    lines = [
+        f"## Learning: variance-filter keep ratio (`python benchmarks/learning.py`, {stamp(r)})",
+        "",
+        "The paper's finding 4 at small scale: tiny offline model, one warm start per env, then StarPO with keep ratio "
+        f"{', '.join(map(str, r['ratios']))} and seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.",
+        "",
+        "| env | keep ratio | final success (mean) | per seed | collapse step | wall s (mean) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for env_id, e in r["per_env"].items():
+        for ratio in r["ratios"]:
+            runs = [x for x in e["runs"] if x["ratio"] == ratio]
+            lines.append(
+                f"| `{env_id}` | {ratio} | {e['mean_final_success'][str(ratio)] if str(ratio) in e['mean_final_success'] else e['mean_final_success'][ratio]:.3f} | "
+                + ", ".join(f"{x['final_success']:.3f}" for x in runs)
+                + " | "
+                + ", ".join(str(x["collapse_step"]) if x["collapse_step"] else "none" for x in runs)
+                + " | "
+                + f"{sum(x['wall_seconds'] for x in runs) / len(runs):.0f} |"
+            )
+    for env_id, e in r["per_env"].items():
+        collapsed = [x for x in e["runs"] if x["collapse_step"]]
+        lines.append(
+            f"\n`{env_id}` ({e['png']}): the paper's ordering (0.25 >= 0.5 >= 1.0 in final success) "
+            + ("**held**." if e["paper_ordering_held"] else "**did not hold**.")
+            + (
+                f" {len(collapsed)} of {len(e['runs'])} runs collapsed."
+                if collapsed
+                else " No run collapsed within its steps, so steps-to-collapse does not separate the ratios here."
+            )
+        )
+    lines.append("")
+    return lines
+
+
+def critic_memory_lines(r: dict) -> list[str]:
+    """`critic_memory.py`: peak memory of each critic route."""
+    lines = [
+        f"## Critic memory (`python benchmarks/critic_memory.py`, {stamp(r)})",
+        "",
+        f"Peak resident memory of {r['steps']} training steps of a LoRA policy ({r['model']}) on "
+        f"`{r['env_id']}`, each run in its own process, side by side:",
+        "",
+        "| advantage estimator / critic | peak RSS (MiB) |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {mb:.0f} |" for name, mb in r["peak_rss_mib"].items()]
+    lines += [
+        "",
+        f"LoRA critic / full critic peak memory: **{r['lora_vs_full_ratio']:.2f}**; "
+        f"extra memory over no critic: LoRA {r['lora_extra_mib']:.0f} MiB, full {r['full_extra_mib']:.0f} MiB.",
+        "",
+    ]
+    return lines
+
+
+def collapse_lines(r: dict) -> list[str]:
+    """`collapse.py`: the collapse guard on a collapsing and a StarPO-S run."""
+    lines = []
+    yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
+    lines += [
+        f"## Collapse guard on a real run (`python benchmarks/collapse.py`, {stamp(r)})",
+        "",
+        f"Same warm-started tiny model on non-slippery FrozenLake, {r['steps']} steps each, `collapse_guard=warn` with default "
+        "thresholds, the two runs side by side. Early success = mean train success of the first 10 rollouts; "
+        '"halved" = first step whose 5-rollout moving average of train success is below half of it.',
+        "",
+        "| run | settings | early success | guard events (step: rules) | success halved at | dashboard |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, x in r["runs"].items():
+        lines.append(
+            f"| {name} | {x['settings']} | {x['early_success']:.3f} | {guard_events_cell(x)} | {x['success_halved_step'] or 'never'} | `{x['png']}` |"
+        )
+    lines += [
+        "",
+        f"- guard fired in the collapse run: {yes(r['guard_fired_in_collapse_run'])}; before success halved: "
+        f"{yes(r['guard_before_success_halved'])}; success actually halved in that run: {yes(r['success_halved_in_collapse_run'])}",
+        f"- guard silent in the StarPO-S run: {yes(r['guard_silent_in_starpo_s_run'])}",
+        f"- first rollout of the collapse run with train success 0: step {r.get('success_crash_step')}",
+    ]
+    for name, x in r["runs"].items():
+        if x.get("mi_overhead") is not None:
+            lines.append(
+                f"- {name}: the MI rule (retrieval accuracy) fired {('at step ' + str(x['retrieval_first_step'])) if x['retrieval_first_step'] else 'never'} "
+                f"(success halved: {x['success_halved_step'] or 'never'}); the MI pass cost "
+                f"{100 * x['mi_overhead']:.1f}% of the step time at the default `mi_metrics_every`"
+                + (
+                    f"; over its {x['mi_passes']} passes retrieval accuracy averaged {x['mi_retrieval_mean']:.3f} "
+                    f"(chance {x['mi_chance_mean']:.3f}), I(X;Z) {x['mi_estimate_mean']:.3f} nats"
+                    if x.get("mi_passes")
+                    else ""
+                )
+            )
+    lines += [
+        "",
+        "Read with care: the events are the guard's rules with the shipped defaults run over the logged histories "
+        "(identical to the live guard in `warn` mode). Those defaults (drop to 0.4 of the early level; two grad-norm "
+        "spikes of 5x in a row) were set on an earlier pair of these runs (2026-12-02: the grad-norm rule first, at "
+        "step 60, one rollout before success fell to 0; reward std and entropy crossed only after the crash). Runs "
+        "differ from one measurement to the next (thread timing, code changed since), so the step at which a rule "
+        "fires moves by several steps: one pair of runs is an anecdote, not a rate. The MI metrics need reasoning "
+        "that depends on the input in the first place: the tiny model's reasoning is a few template words from its "
+        "warm start, so its retrieval accuracy sits near chance from step 1 (the mean over the MI passes is in the "
+        "lines above) and the MI rule has no early level to fall from; whether MI warns earlier than entropy and "
+        "reward std has to be measured on a real model (next section; not yet shown there, see docs/monitoring.md).",
+        "",
+    ]
+    return lines
+
+
+def real_model_lines(r: dict) -> list[str]:
+    """The ``real_model`` section: speed, the untouched model, the StarPO runs, their seeds, the reading probes."""
+    lines = [
+        f"## Real model: SmolLM2-135M-Instruct on CPU (`python benchmarks/real_model.py`, {stamp(r)})",
+        "",
+        f"{r['model']}. Licence: Apache-2.0.",
+        "",
+    ]
+    if "rollout_overhead_ratio" in r:
+        lines += real_model_speed_lines(r)
+    if "sampling_cache_speedup" in r:
+        d = r["decode_step_seconds"]
+        lines += [
+            f"Sampling cache (`python benchmarks/real_model.py decode`): one decode step of {d['rows']} rows with "
+            f"{d['cached_tokens']} cached tokens, the HF backend's cache allocated once per call "
+            f"({', '.join(map(str, d['preallocated']))} s) against transformers' concatenating `DynamicLayer` "
+            f"({', '.join(map(str, d['concatenating']))} s), same draws: **{r['sampling_cache_speedup']:.2f}x**.",
+            "",
+        ]
+    lines += real_model_baseline_lines(r)
+    lines += real_model_runs_lines(r)
+    lines += real_model_seed_lines(r)
+    lines += real_model_reading_lines(r)
+    return lines
+
+
+def real_model_baseline_lines(r: dict) -> list[str]:
+    """The untouched model's held-out success (``real_model.py baseline``)."""
+    if not r.get("baseline"):
+        return []
+    lines = [
+        "Zero-shot (`python benchmarks/real_model.py baseline`): the unmodified model, held-out episodes at temperature "
+        f"{r.get('temperature', 0.5)}, StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format).",
+        "",
+        "| env | episodes | success | format-error rate (per turn) | valid-action rate | turns | wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for env_id, x in r["baseline"].items():
+        lines.append(
+            f"| `{env_id}` | {x.get('episodes', r.get('episodes', ''))} | {x['success']:.3f} | {x['format_error_rate']:.3f} | "
+            f"{x['valid_action_rate']:.3f} | {x['turns']:.2f} | {x['wall_seconds']:.0f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def real_model_runs_lines(r: dict) -> list[str]:
+    """One row per StarPO run (``real_model.py rl RECIPE``), then the runs evaluated on several envs."""
+    if not r.get("runs"):
+        return []
+    lines = [
+        "StarPO runs (`python benchmarks/real_model.py rl RECIPE`): held-out success and format-error rate (per turn) "
+        "before RL (after any warm start) and after.",
+        "",
+        "| recipe | train env | eval env | start | success before -> after | format errors before -> after | steps | step s (median) | wall s | peak RSS MiB | curves |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    run_name = lambda x: f"`{x['recipe']}`" + (f" `{x['flags']}`" if x.get("flags") else "")  # noqa: E731
+    for x in r["runs"]:
+        start = x["start"] + (f" ({x['warm_start']})" if x.get("warm_start") else "")
+        lines.append(
+            f"| {run_name(x)} | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
+            f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
+            f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](benchmarks/{x['curves']}) |"
+        )
+    lines.append("")
+    noted = [x for x in r["runs"] if x.get("note")]
+    lines += [f"- {run_name(x)}: {x['note']}" for x in noted] + ([""] if noted else [])
+    several = [x for x in r["runs"] if len(x.get("eval_envs") or {}) > 1]
+    if several:
+        lines += [
+            "Runs evaluated on several envs, each on its own held-out episodes:",
+            "",
+            "| run | eval env | success before -> after | format errors before -> after |",
+            "|---|---|---|---|",
+        ]
+        for x in several:
+            for env, e in x["eval_envs"].items():
+                lines.append(
+                    f"| {run_name(x)} | {env} | {fmt(e['success_before'])} -> {fmt(e['success_after'])} "
+                    f"| {fmt(e['format_error_before'])} -> {fmt(e['format_error_after'])} |"
+                )
+        lines.append("")
+    return lines
+
+
+def whitening_lines(r: dict) -> list[str]:
+    """`whitening.py`: a critic run with advantage whitening on and off."""
+    lines = [
+        f"## Advantage whitening with a critic (`python benchmarks/whitening.py`, {stamp(r)})",
+        "",
+        f"`{r['recipe']}` (tiny model, warm start, full critic, 100 steps, seed 0) with `whiten_advantages` on and off; "
+        "held-out success on 256 episodes; explained variance of the critic averaged over windows of 20 rollouts (this recipe plays one rollout every 2 optimizer steps).",
+        "",
+        "| run | success before | success after | critic explained variance by 20 rollouts | mean advantages std | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, x in r["runs"].items():
+        lines.append(
+            f"| {name} | {x['success_before']:.3f} | {x['success_after']:.3f} | "
+            f"{', '.join(f'{v:.2f}' for v in x['explained_variance_by_20_steps'])} | {x['advantages_std_mean']:.3f} | {x['wall_seconds']:.0f} |"
+        )
+    lines.append("")
+    return lines
 
 
 def vllm_cpu_lines(r: dict) -> list[str]:
@@ -1091,3 +1129,54 @@ def render_readme(text: str, results: dict) -> str:
         _, tail = rest.split(end, 1)
         text = head + start + "\n" + "\n".join(render(results)) + "\n" + end + tail
     return text
+
+
+def one(key: str, render):
+    """A renderer of section ``key`` alone: its lines when it is stored, none otherwise."""
+    return lambda results: render(results[key]) if key in results else []
+
+
+# BENCHMARKS.md, section by section in this order: each renderer takes the whole results and returns its lines
+SECTIONS = (
+    demo_lines,
+    one("envs", env_speed_lines),
+    one("speed", speed_lines),
+    one("mi_pass", mi_pass_lines),
+    one("env_concurrency", env_concurrency_lines),
+    one("multi_env", multi_env_lines),
+    one("context_windows", context_windows_lines),
+    one("vllm_cpu", vllm_cpu_lines),
+    one("utilisation", utilisation_lines),
+    *(
+        one(section, functools.partial(comparison_lines, part=part, title=title))
+        for section, part, title in COMPARISON_SECTIONS
+    ),
+    one("filter_strategies", filter_strategies_lines),
+    one("learning", keep_ratio_lines),
+    one("critic_memory", critic_memory_lines),
+    one("collapse", collapse_lines),
+    collapse_real_lines_all,
+    one("mi_warm_starts", mi_warm_starts_lines),
+    one("real_model", real_model_lines),
+    one("whitening", whitening_lines),
+    gpu_check_lines,
+)
+
+
+def render(results: dict) -> str:
+    """BENCHMARKS.md's text for ``results``."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand.",
+        "",
+    ]
+    for section in SECTIONS:
+        lines += section(results)
+    return "\n".join(wrapped(lines))
+
+
+def write(results: dict) -> None:
+    """BENCHMARKS.md and README's result tables from ``results``."""
+    MARKDOWN.write_text(render(results))
+    README.write_text(render_readme(README.read_text(), results))

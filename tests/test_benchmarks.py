@@ -690,6 +690,19 @@ def test_readme_result_tables_are_rendered_from_results_json():
         assert f"<!-- results:{name} -->" in text
 
 
+def test_benchmarks_md_is_the_rendering_of_results_json_and_shows_every_section():
+    """BENCHMARKS.md is what the renderers make of results.json (one renderer per section, in ``SECTIONS``), and
+    every stored section changes it: a section no renderer reads would be a number nobody sees."""
+    import report
+
+    results = _results()
+    text = report.render(results)
+    assert (ROOT / "BENCHMARKS.md").read_text() == text, "BENCHMARKS.md differs from results.json: run report.write"
+    for key in results:
+        if key not in report.HEADLINE:  # top-level copies of a section's ratios, rendered with that section
+            assert report.render({k: v for k, v in results.items() if k != key}) != text, f"{key!r} is not rendered"
+
+
 def test_demo_gain_and_its_standard_error_by_hand():
     from demo import gain
 
