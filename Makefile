@@ -65,32 +65,32 @@ bench: $(STAMP)
 	$(PY) benchmarks/critic_memory.py
 
 bench-learning: $(STAMP)
-	$(PY) benchmarks/learning.py
+	$(PY) -m experiments.learning
 
 bench-multienv: $(STAMP)
-	$(PY) benchmarks/multi_env.py
+	$(PY) -m experiments.multi_env
 
 bench-collapse: $(STAMP)
-	$(PY) benchmarks/collapse.py
+	$(PY) -m experiments.collapse
 
 bench-whitening: $(STAMP)
-	$(PY) benchmarks/whitening.py
+	$(PY) -m experiments.whitening
 
 bench-real: $(STAMP)
-	$(PY) benchmarks/real_model.py baseline
-	$(PY) benchmarks/real_model.py speed
-	$(PY) benchmarks/real_model.py decode
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-lora-nothink
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-pairs-lora.yaml
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-pairs-expected-lora.yaml
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-frozenlake.yaml
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-s1
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-s2
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-symbolic-lora-nothink
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s1
-	$(PY) benchmarks/real_model.py rl recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s2
+	$(PY) -m experiments.real_model baseline
+	$(PY) -m experiments.real_model speed
+	$(PY) -m experiments.real_model decode
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-lora.yaml
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-lora-nothink
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-pairs-lora.yaml
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-pairs-expected-lora.yaml
+	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-frozenlake.yaml
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-s1
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-s2
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-symbolic-lora-nothink
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s1
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s2
 
 clean:
 	rm -rf $(VENV) runs

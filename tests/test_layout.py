@@ -96,15 +96,47 @@ def test_the_trainer_stays_thin():
 
 
 def _module_files() -> dict[str, pathlib.Path]:
-    """Every Python module of the repository by the name it is imported under: the package and the envs by their
-    dotted path, the top-level scripts and each benchmark by its file name (the benchmarks import each other so)."""
+    """Every Python module of the repository by the name it is imported under: the package, the envs and the
+    experiments by their dotted path (the experiments run as modules: ``python -m experiments.NAME``), the top-level
+    scripts and each benchmark by its file name (the benchmarks import each other so) and by its dotted path (as the
+    experiments import the benchmarks' report)."""
     files = {}
-    for folder in ("starpo_trl", "envs"):
+    for folder in ("starpo_trl", "envs", "experiments", "benchmarks"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             files[".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = path
     for path in [*sorted((ROOT / "benchmarks").glob("*.py")), ROOT / "train.py", ROOT / "evaluate.py"]:
         files[path.stem] = path
     return files
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """The module names ``path`` imports, at import time or inside a function (absolute imports)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_the_product_the_benchmarks_and_the_experiments_depend_one_way():
+    """The product (the package, the envs, train.py, evaluate.py) imports neither the benchmarks nor the
+    experiments; the benchmarks never import the experiments; both import the package as a user does (installed:
+    no ``sys.path`` edits) and nothing from tests/."""
+    lab = {"report", *(p.stem for p in (ROOT / "benchmarks").glob("*.py"))}
+    product = [*sorted((ROOT / "starpo_trl").rglob("*.py")), *sorted((ROOT / "envs").rglob("*.py"))]
+    for path in [*product, ROOT / "train.py", ROOT / "evaluate.py"]:
+        bad = {n for n in _imports(path) if n.split(".")[0] in {"benchmarks", "experiments", "tests"} or n in lab}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        bad = {n for n in _imports(path) if n.split(".")[0] in {"experiments", "tests", "helpers", "conftest"}}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+    for path in [*sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "experiments").glob("*.py"))]:
+        text = path.read_text()
+        assert "sys.path" not in text, f"{path.relative_to(ROOT)} edits sys.path"
+        bad = {n for n in _imports(path) if n.split(".")[0] in {"tests", "helpers", "conftest"}}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
 def _resolve(name: str, files: dict) -> str | None:
@@ -116,7 +148,7 @@ def _resolve(name: str, files: dict) -> str | None:
 
 def test_no_import_cycle_anywhere_in_the_repository():
     """No module imports, at import time or inside a function, one that leads back to it: benchmarks and the
-    scripts included (bandit_reading.py and real_model.py imported each other, #46)."""
+    experiments and the scripts included (bandit_reading.py and real_model.py imported each other, #46)."""
     files = _module_files()
     graph = {}
     for module, path in files.items():

@@ -90,7 +90,11 @@ def test_the_warm_start_follows_the_runs_gradient_checkpointing(tmp_path, tiny_t
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+# the recipes to start from (recipes/) and the tries of the experiments' recipe searches (experiments/recipes/)
+RECIPE_FILES = sorted((ROOT / "recipes").glob("*.yaml")) + sorted((ROOT / "experiments/recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_recipes_parse(recipe):
     import train
 

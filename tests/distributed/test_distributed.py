@@ -12,7 +12,6 @@ from accelerate.commands.config.config_args import load_config_from_file
 from helpers import LAUNCH_TIMEOUT_S, TINY_LORA_FLAGS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 # GAE with a full critic, as the 2-process critic tests train it
 FULL_CRITIC = ["--advantage_estimator", "gae", "--critic_type", "full", "--critic_learning_rate", "0.003"]
@@ -26,7 +25,8 @@ def warm_bandit(tmp_path_factory, worker_id):
     the pytest-xdist workers (the first builds it under a file lock), so that each 2-process launch does not
     repeat the same SFT in both of its processes."""
     from filelock import FileLock
-    from learning import warm_started  # benchmarks/learning.py: the recipe's warm start, saved once
+
+    from experiments.learning import warm_started  # the recipe's warm start, saved once
 
     base = tmp_path_factory.getbasetemp()
     root = base if worker_id == "master" else base.parent  # the parent is this session's, shared by its workers

@@ -233,7 +233,7 @@ def test_trainer_logs_the_mi_metrics_and_the_guard_reads_them(tmp_path, tiny_tok
             second[f"collapse/{estimate}"] / (ema + 1e-3)
         )
     assert "collapse/mi_estimate_running_z" not in row  # our own running z needs two values first
-    assert row["collapse/mi_seconds"] > 0  # what benchmarks/collapse.py reports as the MI pass's overhead
+    assert row["collapse/mi_seconds"] > 0  # what experiments/collapse.py reports as the MI pass's overhead
     assert signals_from_logs(row, "Bandit-v0")["retrieval"] == row["collapse/retrieval_accuracy"]
     with pytest.raises(ValueError, match="mi_metrics_turn"):
         make_args(tmp_path, mi_metrics_turn="last")

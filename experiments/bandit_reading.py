@@ -1,7 +1,7 @@
 """Does a Bandit policy read the payout lines, or choose by name? Teacher-forced, prompt by prompt.
 
-    python benchmarks/bandit_reading.py RECIPE RUN_DIR [--label L] [TRAIN.PY FLAGS ...]
-    # e.g. recipes/smollm2-cpu-bandit-pairs-mirror.yaml runs/smollm2-bandit-pairs-mirror
+    python -m experiments.bandit_reading RECIPE RUN_DIR [--label L] [TRAIN.PY FLAGS ...]
+    # e.g. experiments/recipes/smollm2-cpu-bandit-pairs-mirror.yaml runs/smollm2-bandit-pairs-mirror
 
 RECIPE and FLAGS are the run's own (`train.py --config RECIPE FLAGS`), resolved by train.py's parser:
 they give the env's kwargs, the episode settings and the answer format.
@@ -17,7 +17,7 @@ instructions, budgets, chat template), checked token for token in tests/test_ben
 `reading` per pair = P(first name | first risky) - P(first name | second risky): 1 follows the payout
 lines, 0 gives the same name whatever they say (choosing by name), -1 reads them backwards. A sampled
 success rate cannot tell these apart: a policy that always answers Tiger scores 0.5 on BanditTest.
-Printed as a table and stored in benchmarks/results.json ("real_model" -> "reading" -> LABEL).
+Printed as a table and stored in experiments/results.json ("real_model" -> "reading" -> LABEL).
 Recipes with `<think>` are refused: the answer would follow reasoning this probe does not sample.
 """
 
@@ -138,12 +138,12 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--label", help="the results.json key (default: RUN_DIR)")
     args, flags = p.parse_known_args(argv)
 
-    import report
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import train
     from envs.bandit import TEST_ARMS
+    from experiments import report
     from starpo_trl.config import rollout_config
     from starpo_trl.models import eos_token_ids
     from starpo_trl.rollout.engine import RolloutEngine

@@ -1,11 +1,11 @@
 """The paper's finding 4 at small scale: variance-filter keep ratio 1.0 vs 0.5 vs 0.25; and RAGEN's
 current filter against the paper's and against none.
 
-    python benchmarks/learning.py             # both parts (make bench-learning)
-    python benchmarks/learning.py ratios      # about 30 minutes on 2 CPU cores
-    python benchmarks/learning.py strategies  # about 25 minutes per env on 2 CPU cores
-    python benchmarks/learning.py windows     # about 25 minutes per env on 2 CPU cores
-    python benchmarks/learning.py strategies windows --env starpo/Sokoban-v0   # one env; others' results kept
+    python -m experiments.learning             # both parts (make bench-learning)
+    python -m experiments.learning ratios      # about 30 minutes on 2 CPU cores
+    python -m experiments.learning strategies  # about 25 minutes per env on 2 CPU cores
+    python -m experiments.learning windows     # about 25 minutes per env on 2 CPU cores
+    python -m experiments.learning strategies windows --env starpo/Sokoban-v0   # one env; others' results kept
 
 For Bandit and FrozenLake (the CPU demo recipes): one warm start, then for each keep ratio and
 seed 0, 1, 2 a StarPO run from that same warm-started model; reports final held-out success,
@@ -16,19 +16,19 @@ half of its best value so far (after step 10).
 ``strategies``: on FrozenLake and Sokoban (``--env`` for one), from each env's warm start, seeds 0, 1, 2 of: the paper's top-k 0.25 by
 std, RAGEN's current recommendation (reward variance, linear top-p 0.9, zero-variance groups
 dropped) and no filter; final held-out success, mean kept share of the episodes, steps the
-filter emptied, wall time; into results.json "filter_strategies" and BENCHMARKS.md.
+filter emptied, wall time; into results.json "filter_strategies" and experiments/README.md.
 
 ``credit``, ``refill``, ``overlong`` (the turn-level credit, refill and overlong comparisons): on FrozenLake and
 Sokoban (``--env`` for one), from each env's warm start, seeds 0, 1, 2 of each variant in ``COMPARISONS``
 (GRPO / GiGPO / bi-level GAE; RAGEN's filter without and with the refill; overlong keep / mask / penalty on
 12-token replies): final held-out success, wall time, tokens trained per step, generated episodes per
 trained episode, share of cut turns; into results.json "credit_assignment", "refill", "overlong" and
-BENCHMARKS.md. About 25 minutes per env and part on 2 CPU cores alone (the critic's runs take longer).
+experiments/README.md. About 25 minutes per env and part on 2 CPU cores alone (the critic's runs take longer).
 
 ``windows``: on FrozenLake and Sokoban (``--env`` for one), from each env's warm start (trained on whole histories), seeds 0, 1, 2 of
 ``context_window`` full, window:1 and single_turn (training and held-out evaluation alike): final
 held-out success, mean tokens of the training rows per step, wall time; into results.json
-"context_windows" and BENCHMARKS.md.
+"context_windows" and experiments/README.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import warnings
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-import report  # noqa: E402,F401  (records the code's commit as the run starts)
+from experiments import report  # noqa: E402,F401  (records the code's commit as the run starts)
 
 warnings.filterwarnings("ignore")
 
@@ -138,9 +138,9 @@ def strategies() -> None:
     import statistics
 
     import matplotlib.pyplot as plt
-    from report import store
 
     from envs.contract import env_name
+    from experiments.report import store
     from starpo_trl.monitoring.plotting import series
 
     results = {}
@@ -168,7 +168,8 @@ def strategies() -> None:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        png = HERE / f"filter-strategies-{name}.png"
+        png = HERE / "figures" / f"filter-strategies-{name}.png"
+        png.parent.mkdir(exist_ok=True)
         fig.savefig(png, dpi=100)
         plt.close(fig)
         summary = {}
@@ -190,9 +191,8 @@ def strategies() -> None:
 def windows() -> None:
     import statistics
 
-    from report import store
-
     from envs.contract import env_name
+    from experiments.report import store
 
     results = {}
     for env_id in ENVS:
@@ -229,9 +229,9 @@ def ratios() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from report import store
 
     from envs.contract import env_name
+    from experiments.report import store
     from starpo_trl.monitoring.plotting import series
 
     results = {}
@@ -275,7 +275,8 @@ def ratios() -> None:
         ax.set_xlabel("step")
         ax.legend()
         fig.tight_layout()
-        png = HERE / f"learning-{name}.png"  # committed beside the results
+        png = HERE / "figures" / f"learning-{name}.png"  # committed beside the results
+        png.parent.mkdir(exist_ok=True)
         fig.savefig(png, dpi=100)
         plt.close(fig)
         mean = {r: sum(x["final_success"] for x in runs if x["ratio"] == r) / len(SEEDS) for r in RATIOS}
@@ -327,7 +328,7 @@ def mean_of(history: list[dict], key: str) -> float | None:
 def compare(part: str) -> None:
     """One of ``COMPARISONS`` on ``ENVS``: per variant and seed the final held-out success, wall time, mean
     tokens trained per step, kept share, generated episodes per trained episode and share of cut turns."""
-    from report import store
+    from experiments.report import store
 
     section, variants = COMPARISONS[part]
     results = {}
@@ -366,7 +367,7 @@ def stamp() -> dict:
 
 def kept_results(section: str) -> dict:
     """The envs of ``section`` that this run does not measure again."""
-    from report import load
+    from experiments.report import load
 
     return {k: v for k, v in load().get(section, {}).get("per_env", {}).items() if k not in ENVS}
 

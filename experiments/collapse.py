@@ -1,8 +1,8 @@
 """The collapse guard on a real CPU run: a recipe pushed into collapse vs the StarPO-S recipe.
 
-    python benchmarks/collapse.py        # about 40 minutes on 2 CPU cores (make bench-collapse)
-    python benchmarks/collapse.py --real [NAME] # SmolLM2-135M-Instruct, plain GRPO (REAL_RUNS; 70-90 minutes)
-    python benchmarks/collapse.py --start-mi    # the MI of its two warm starts before RL (about 25 minutes)
+    python -m experiments.collapse        # about 40 minutes on 2 CPU cores (make bench-collapse)
+    python -m experiments.collapse --real [NAME] # SmolLM2-135M-Instruct, plain GRPO (REAL_RUNS; 70-90 minutes)
+    python -m experiments.collapse --start-mi    # the MI of its two warm starts before RL (about 25 minutes)
 
 Both runs start from the same warm-started tiny model on non-slippery FrozenLake (the CPU demo),
 with `collapse_guard=warn` and its default thresholds, side by side in two processes:
@@ -15,9 +15,9 @@ Reported: the guard's events, "early success" (mean train success over the first
 and the first step where the 5-rollout moving average of train success falls below half of it.
 The events are those of the guard's rules with the shipped defaults run over each logged history
 (in `warn` mode the guard does not change training, so this is what the live guard logs), so
-`python benchmarks/collapse.py --replay` re-judges saved runs after a change of the rules without
+`python -m experiments.collapse --replay` re-judges saved runs after a change of the rules without
 training again. Each run's dashboard (success, reward std, entropy, grad norm, diversity, guard
-events) is saved beside the results as benchmarks/collapse-<run>.png.
+events) is saved beside the results as experiments/figures/collapse-<run>.png.
 
 `--real` asks the same question of a real model, where the reasoning reads its input (the tiny
 model's reasoning is template words, so its MI metrics sit at chance): SmolLM2-135M-Instruct after
@@ -46,7 +46,7 @@ from transformers import TrainerCallback
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-import report as _report  # noqa: E402,F401  (records the code's commit as the run starts)
+from experiments import report as _report  # noqa: E402,F401  (records the code's commit as the run starts)
 
 OUT = ROOT / "runs" / "bench-collapse"
 STEPS = 120
@@ -95,7 +95,7 @@ WARM_DIRS = {"action": REAL_WARM, "state": REAL_WARM_STATE}
 
 def warm_model() -> pathlib.Path:
     """The warm-started FrozenLake model of the CPU demo recipe (built once, reused)."""
-    from learning import warm_started
+    from experiments.learning import warm_started
 
     return warm_started(RECIPE, OUT / "warm")
 
@@ -111,9 +111,9 @@ def worker(
 
     warnings.filterwarnings("ignore")
     import torch
-    from learning import parse
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from experiments.learning import parse
     from starpo_trl import MultiTurnStarPOTrainer
 
     out = OUT / name
@@ -195,8 +195,7 @@ def raw_crossings(history: list[dict], env_name: str) -> dict[str, dict]:
 
 def shipped_rules():
     """The guard's rules as the recipes ship them (the runs log in `warn` mode: the rules are re-judged here)."""
-    from learning import parse
-
+    from experiments.learning import parse
     from starpo_trl.monitoring.settings import GuardSettings
 
     return GuardSettings.of(parse(RECIPE)[1])
@@ -216,7 +215,7 @@ def guard_events(history: list[dict], env_name: str) -> list[dict]:
 
 
 def main(replay: bool = False) -> None:
-    from report import store
+    from experiments.report import store
 
     if not replay:
         warm_model()
@@ -258,7 +257,8 @@ def summarise(name: str, settings, every: int | None = None) -> dict:
     history = [{k: v for k, v in row.items() if not k.startswith("guard/")} for row in report["log_history"]]
     events = guard_events(history, "FrozenLake-v0")
     early, halved = halved_step(history, "env/FrozenLake-v0/success")
-    png = HERE / f"collapse-{name}.png"
+    png = HERE / "figures" / f"collapse-{name}.png"
+    png.parent.mkdir(exist_ok=True)
     plot_dashboard(history, str(png), "FrozenLake-v0", events, title=f"{name}: FrozenLake-v0, collapse_guard=warn")
     first = events[0] if events else None
     result = {
@@ -281,11 +281,11 @@ def summarise(name: str, settings, every: int | None = None) -> dict:
 
 def real(name: str = "real-collapse", replay: bool = False) -> None:
     """SmolLM2-135M-Instruct after its FrozenLake recipe, pushed toward collapse with the MI pass every 2 steps."""
-    from report import load, store
+    from experiments.report import load, store
 
     section, think, settings = REAL_RUNS[name]
     if not replay:
-        from learning import warm_started
+        from experiments.learning import warm_started
 
         warm = warm_started(REAL_RECIPE, WARM_DIRS[think], warm_start_noise=REAL_WARM_NOISE, warm_start_think=think)
         worker(name, REAL_RECIPE, warm, settings, budget_s=REAL_BUDGET_S_LONG.get(name, REAL_BUDGET_S))
@@ -335,7 +335,7 @@ def real(name: str = "real-collapse", replay: bool = False) -> None:
             ],
         },
         seeds=[0],
-        command="python benchmarks/collapse.py --real" + ("" if name == "real-collapse" else f" {name}"),
+        command="python -m experiments.collapse --real" + ("" if name == "real-collapse" else f" {name}"),
         kept_from=load().get(section) if replay else None,  # a replay re-judges the logged run
     )
 
@@ -349,10 +349,10 @@ def start_mi(lakes: int = 8, per_lake: int = 4, rollouts: int = 2) -> None:
     import statistics
 
     import torch
-    from learning import parse, warm_started
-    from report import store
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from experiments.learning import parse, warm_started
+    from experiments.report import store
     from starpo_trl import MultiTurnStarPOTrainer
     from starpo_trl.rollout import StartState
 
@@ -417,7 +417,7 @@ def mi_summary(history: list[dict]) -> dict:
 def mi_overhead(history: list[dict], every: int | None = None) -> float | None:
     """The MI pass's share of training time: its mean seconds, once per ``every`` steps (default: the demo
     recipe's ``mi_metrics_every``), over the mean step time (None when the run logged no MI pass)."""
-    from learning import parse
+    from experiments.learning import parse
 
     mi = [r["collapse/mi_seconds"] for r in history if "collapse/mi_seconds" in r]
     steps = [r["step_time"] for r in history if "step_time" in r]

@@ -1,6 +1,6 @@
 """Advantage whitening for the critic estimators: the critic demo runs with and without it.
 
-    python benchmarks/whitening.py       # about 15 minutes on 2 CPU cores (make bench-whitening)
+    python -m experiments.whitening       # about 15 minutes on 2 CPU cores (make bench-whitening)
 
 `recipes/demo-cpu-frozenlake-ppo.yaml` (tiny model, warm start, `gae`, full critic) and the same
 with `--advantage_estimator bilevel_gae --use_turn_rewards true`, each with
@@ -8,7 +8,7 @@ with `--advantage_estimator bilevel_gae --use_turn_rewards true`, each with
 both start from the same warm-started model and the same first rollout. The runs of one estimator
 go side by side (two processes, one thread each). Reported: held-out success before and after RL
 (256 episodes), the critic's explained variance over windows of 20 rollouts, the advantages' spread,
-and wall time. Results go to benchmarks/results.json ("whitening") and BENCHMARKS.md.
+and wall time. Results go to experiments/results.json ("whitening") and experiments/README.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-import report  # noqa: E402,F401  (records the code's commit as the run starts)
+from experiments import report  # noqa: E402,F401  (records the code's commit as the run starts)
 
 OUT = ROOT / "runs" / "bench-whitening"
 ESTIMATORS = {"gae": [], "bilevel_gae": ["--advantage_estimator", "bilevel_gae", "--use_turn_rewards", "true"]}

@@ -1,23 +1,23 @@
 """SmolLM2-135M-Instruct (offline, `make model`): zero-shot baselines and StarPO runs on 2 CPU cores.
 
-    python benchmarks/real_model.py baseline [ENV_ID ...] [--episodes N]   # make bench-real (all envs below)
-    python benchmarks/real_model.py rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. recipes/smollm2-cpu-bandit-lora.yaml
-    python benchmarks/real_model.py record RECIPE RUN_DIR [--peak_rss_mib M] [--note TEXT] [FLAGS ...]  # a run made with train.py --config RECIPE [FLAGS]
-    python benchmarks/real_model.py speed                                    # rollout and step speed ratios
-    python benchmarks/real_model.py decode [--rows 64 --cached 1200 --steps 32] # the sampling cache, side by side
+    python -m experiments.real_model baseline [ENV_ID ...] [--episodes N]   # make bench-real (all envs below)
+    python -m experiments.real_model rl RECIPE [TRAIN.PY FLAGS ...]           # e.g. experiments/recipes/smollm2-cpu-bandit-lora.yaml
+    python -m experiments.real_model record RECIPE RUN_DIR [--peak_rss_mib M] [--note TEXT] [FLAGS ...]  # a run made with train.py --config RECIPE [FLAGS]
+    python -m experiments.real_model speed                                    # rollout and step speed ratios
+    python -m experiments.real_model decode [--rows 64 --cached 1200 --steps 32] # the sampling cache, side by side
 
 `baseline`: `evaluate.py` on the unmodified model, held-out episodes at temperature 0.5 with
 StarPOConfig's default episode settings (5 turns, 256 tokens per turn, think format), one env
-after another; merged env by env into benchmarks/results.json ("real_model" -> "baseline"), so a
+after another; merged env by env into experiments/results.json ("real_model" -> "baseline"), so a
 partial run keeps the others.
 
 `rl`: `train.py --config RECIPE` in a child process (its peak memory measured), then `record`:
 the run's held-out success and format-error rate before and after RL (train.py evaluates both),
 wall time, step time and curves (success, format-error rate, in-group reward std, entropy) go to
-"real_model" -> "runs" (one entry per recipe) and BENCHMARKS.md, the curves to
-benchmarks/real-<recipe>.png. "start" says where RL began: "base" (the model as it is) or "sft"
+"real_model" -> "runs" (one entry per recipe) and experiments/README.md, the curves to
+experiments/figures/real-<recipe>.png. "start" says where RL began: "base" (the model as it is) or "sft"
 (after the recipe's warm start). A Bandit recipe with the payouts shown and no <think> is then
-probed by benchmarks/bandit_reading.py (does the policy read the payouts or pick by name), stored
+probed by experiments/bandit_reading.py (does the policy read the payouts or pick by name), stored
 under "real_model" -> "reading" -> the run's output_dir.
 
 `speed`: benchmarks/speed.py's measures on this model, each a ratio measured side by side in one
@@ -53,7 +53,7 @@ from transformers.cache_utils import DynamicLayer
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-import report  # noqa: E402,F401  (records the code's commit as the run starts)
+from experiments import report  # noqa: E402,F401  (records the code's commit as the run starts)
 
 ENVS = [
     "starpo/Bandit-v0",
@@ -133,7 +133,9 @@ def record(
     steps = [row["step_time"] for row in history if "step_time" in row]
     name = pathlib.Path(recipe).stem
     slug = "".join(c if c.isalnum() else "-" for c in " ".join(flags).lstrip("-")).strip("-")
-    png = HERE / f"real-{name}{'-' + slug if slug else ''}.png"
+    png = HERE / "figures" / f"real-{name}{'-' + slug if slug else ''}.png"
+    png.parent.mkdir(exist_ok=True)
+    png.parent.mkdir(exist_ok=True)
     plot_curves(history, env_name(args.env_id), str(png), title=f"{name} {' '.join(flags)}".strip())
     warm, noise = run_args.warm_start_episodes, run_args.warm_start_noise
     before, after = out["before"] or {}, out["after"]
@@ -205,14 +207,14 @@ def rl(recipe: str, extra: list[str]) -> dict:
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
     run = record(recipe, str(ROOT / run_dir), peak, flags=flags)
     if reads_payouts(recipe, flags):
-        import bandit_reading
+        from experiments import bandit_reading
 
         bandit_reading.main([recipe, str(ROOT / run_dir), "--label", run_dir, *flags])
     return run
 
 
 def reads_payouts(recipe: str, flags: list[str]) -> bool:
-    """Whether `rl` follows the run with benchmarks/bandit_reading.py: a Bandit recipe with the payouts
+    """Whether `rl` follows the run with experiments/bandit_reading.py: a Bandit recipe with the payouts
     shown and no <think> (the probe scores bare answers against the payout lines)."""
     import gymnasium as gym
 

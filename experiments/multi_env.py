@@ -1,13 +1,13 @@
 """One policy on Bandit + FrozenLake + Sokoban next to single-env runs of the same budget.
 
-    python benchmarks/multi_env.py     # make bench-multienv; about 20 minutes on 2 CPU cores
+    python -m experiments.multi_env     # make bench-multienv; about 20 minutes on 2 CPU cores
 
 The multi-env run is `recipes/demo-cpu-multienv.yaml` (tiny offline model; each step 2 Bandit, 3
 FrozenLake and 3 Sokoban start states x 8 episodes, the filter's quota per env; 600 warm-start
 demonstrations split between the envs). Each single-env run takes the same recipe with one env:
 the same steps, episodes per step and warm-start demonstrations, all on that env, so every run
 plays the same number of episodes. Held-out success on 256 episodes of each eval env (BanditTest's
-arm names never appear in training); into results.json "multi_env" and BENCHMARKS.md.
+arm names never appear in training); into results.json "multi_env" and experiments/README.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import warnings
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-import report  # noqa: E402,F401  (records the code's commit as the run starts)
+from experiments import report  # noqa: E402,F401  (records the code's commit as the run starts)
 
 warnings.filterwarnings("ignore")
 
@@ -29,8 +29,7 @@ OUT = ROOT / "runs" / "bench-multienv"
 
 def run(name: str, **overrides) -> dict:
     """Warm start and StarPO as train.py does (without its report); the held-out metrics and wall time."""
-    from learning import parse
-
+    from experiments.learning import parse
     from starpo_trl import MultiTurnStarPOTrainer
     from starpo_trl.models import load_model_and_tokenizer
     from starpo_trl.warm_start import warm_start_from_config
@@ -47,7 +46,8 @@ def run(name: str, **overrides) -> dict:
 
 def main() -> None:
     import yaml
-    from report import store
+
+    from experiments.report import store
 
     recipe = yaml.safe_load((ROOT / "recipes" / RECIPE).read_text())
     multi = run("multi")
