@@ -1,6 +1,5 @@
 import copy
 import pathlib
-import sys
 
 import gymnasium as gym
 import pytest
@@ -366,9 +365,7 @@ def test_the_sampling_cache_is_allocated_once_per_call_and_samples_as_a_dynamic_
     """Each call's cache is allocated once for history + new tokens + the token limit and written in
     place (no copy of the cache per sampled token); the draws are those of transformers' own
     ``DynamicLayer``, which concatenates."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))  # as the benchmarks run
-    from real_model import ConcatenatingLayer
-
+    from experiments.real_model import ConcatenatingLayer
     from starpo_trl.rollout import hf_backend
 
     def play(layer_class):
