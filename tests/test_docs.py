@@ -10,7 +10,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # the guides and the experiments' written report; their snippets run (the rendered reports have none)
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "experiments" / "real-model.md"]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("[a-z]*.md"))]
 REPORTS = [ROOT / "BENCHMARKS.md", ROOT / "experiments" / "README.md"]
 
 
