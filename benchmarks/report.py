@@ -446,6 +446,27 @@ def utilisation_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
+def checkpointing_lines(r: dict) -> list[str]:
+    """`utilisation.py checkpointing`: the training step with activation checkpointing on and off, side by side."""
+    lines = [
+        f"## Activation checkpointing (`python benchmarks/utilisation.py checkpointing`, {stamp(r)})",
+        "",
+        "Forward + backward of one micro-batch with activation checkpointing on (TRL's configs turn it on by "
+        "default; every layer's forward runs again in the backward pass) and off, side by side in each repeat; "
+        "same gradients. The CPU demo recipes turn it off (`gradient_checkpointing: false`); a model whose "
+        "activations do not fit keeps it on.",
+        "",
+        "| model | micro-batch | seconds on | seconds off | off: speedup, median (min-max) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, x in r["per_model"].items():
+        lines.append(
+            f"| {name} | {x['rows']} x {x['length']} tokens | {', '.join(f'{v:.3f}' for v in x['on'])} | "
+            f"{', '.join(f'{v:.3f}' for v in x['off'])} | x{_mfu(x['off_speedup'])} |"
+        )
+    return lines + [""]
+
+
 def _ratio_spread(b: dict) -> str:
     """``speedup`` with the min-max of its repeats where they were stored (older runs kept a median only)."""
     repeats = b.get("speedup_repeats")
@@ -565,6 +586,7 @@ SECTIONS = (
     one("env_concurrency", env_concurrency_lines),
     one("vllm_cpu", vllm_cpu_lines),
     one("utilisation", utilisation_lines),
+    one("activation_checkpointing", checkpointing_lines),
     one("critic_memory", critic_memory_lines),
     gpu_check_lines,
 )

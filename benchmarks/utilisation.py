@@ -3,6 +3,7 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
 
     python benchmarks/utilisation.py           # stores the "utilisation" section of results.json
     python benchmarks/utilisation.py --quick   # one repeat, smaller shapes, the tiny model only; stores nothing
+    python benchmarks/utilisation.py checkpointing   # only the training step, activation checkpointing on and off
 
 - peak: the FLOP/s of one large square fp32 matmul (2,048 cubed) with the threads torch uses: the machine's
   limit, which every MFU is measured against. Beside it, the rate of the model's own weight shapes (``F.linear``
@@ -213,6 +214,26 @@ def train_row(model, rows: int, length: int, real_length: int | None, repeats: i
     }
 
 
+def checkpointing_row(model, rows: int, length: int, repeats: int) -> dict:
+    """The training step's forward + backward with activation checkpointing on (TRL's configs turn it on by
+    default: each layer's forward runs again during the backward pass, with TRL's ``use_reentrant=False``) and off,
+    side by side in each repeat: seconds each and the speedup of turning it off (on / off) per repeat. The
+    gradients are the same either way (``tests/test_pipeline.py`` checks the weights a warm start gives)."""
+    out = {"rows": rows, "length": length, "on": [], "off": []}
+    try:
+        for _ in range(repeats):
+            for key in ("on", "off"):
+                if key == "on":
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                else:
+                    model.gradient_checkpointing_disable()
+                out[key].append(train_row(model, rows, length, None, 1)["seconds"]["median"])
+    finally:
+        model.gradient_checkpointing_disable()
+    out["off_speedup"] = spread([a / b for a, b in zip(out["on"], out["off"])])
+    return out
+
+
 def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
     """A rollout as training plays it: ``episodes`` FrozenLake episodes (4 start states x their copies, 3 turns,
     replies opened with ``<answer>`` and stopped at ``</answer>`` or 48 tokens) through ``RolloutEngine`` and
@@ -368,9 +389,29 @@ QUICK = {
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one repeat, small shapes, the tiny model; stores nothing")
+    p.add_argument(
+        "part",
+        nargs="?",
+        default="all",
+        choices=["all", "checkpointing"],
+        help="checkpointing: only the training step with activation checkpointing on and off (section "
+        "activation_checkpointing)",
+    )
     a = p.parse_args(argv)
     start = time.time()
     shapes, repeats = (QUICK, 1) if a.quick else (SHAPES, REPEATS)
+    if a.part == "checkpointing":
+        rows, length, _ = shapes["train"][0]
+        per_model = {}
+        for name, model, _tok in models(a.quick):
+            model.float()
+            per_model[name] = row = checkpointing_row(model, rows, length, repeats)
+            print(name, f"train {rows} x {length}: checkpointing off x{row['off_speedup']['median']:.2f}", flush=True)
+        if not a.quick:
+            report.store(
+                "activation_checkpointing", {"per_model": per_model}, seeds=[0], wall_seconds=time.time() - start
+            )
+        return
     per_model = {name: measure(name, model, tok, shapes, repeats) for name, model, tok in models(a.quick)}
     if a.quick:
         return

@@ -219,6 +219,50 @@ def test_demo_tables_by_hand():
     )
 
 
+def test_activation_checkpointing_is_timed_both_ways_with_the_same_gradients(tmp_path, monkeypatch, tiny_tokenizer):
+    """`utilisation.py checkpointing`: each repeat times the same micro-batch with checkpointing on and off, the
+    speedup is on / off per repeat, the model is left as it was (off), the gradients agree both ways (what makes
+    turning it off free), and BENCHMARKS.md shows the row."""
+    import report
+    import torch
+    import utilisation
+
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer)
+    row = utilisation.checkpointing_row(model, 2, 16, 2)
+    assert len(row["on"]) == len(row["off"]) == 2 and min(row["on"] + row["off"]) > 0
+    assert row["off_speedup"]["repeats"] == [a / b for a, b in zip(row["on"], row["off"])]
+    assert not model.is_gradient_checkpointing
+
+    ids = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for on in (True, False):
+        model.train()
+        if on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(*grads, strict=True))
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    row = {
+        "rows": 4,
+        "length": 256,
+        "on": [0.3, 0.33],
+        "off": [0.2, 0.3],
+        "off_speedup": utilisation.spread([1.5, 1.1]),
+    }
+    report.store("activation_checkpointing", {"per_model": {"tiny": row}}, seeds=[0])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Activation checkpointing (`python benchmarks/utilisation.py checkpointing`" in text
+    assert "| tiny | 4 x 256 tokens | 0.300, 0.330 | 0.200, 0.300 | x1.300 (1.100-1.500) |" in text
+
+
 def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkeypatch):
     """benchmarks/utilisation.py: the FLOPs it divides by are the model's linear layers (worked out here from the
     tiny model's config), the quick run measures every part, and BENCHMARKS.md shows each row with its spread."""
