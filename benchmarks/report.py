@@ -464,7 +464,7 @@ def checkpointing_lines(r: dict) -> list[str]:
             f"| {name} | {x['rows']} x {x['length']} tokens | {', '.join(f'{v:.3f}' for v in x['on'])} | "
             f"{', '.join(f'{v:.3f}' for v in x['off'])} | x{_mfu(x['off_speedup'])} |"
         )
-    return lines + [""]
+    return lines + ([""] + [f"({r['note']}.)"] if r.get("note") else []) + [""]
 
 
 def _ratio_spread(b: dict) -> str:

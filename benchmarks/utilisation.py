@@ -397,7 +397,9 @@ def main(argv=None) -> None:
         help="checkpointing: only the training step with activation checkpointing on and off (section "
         "activation_checkpointing)",
     )
+    p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     a = p.parse_args(argv)
+    note = {"note": a.note} if a.note else {}
     start = time.time()
     shapes, repeats = (QUICK, 1) if a.quick else (SHAPES, REPEATS)
     if a.part == "checkpointing":
@@ -409,14 +411,17 @@ def main(argv=None) -> None:
             print(name, f"train {rows} x {length}: checkpointing off x{row['off_speedup']['median']:.2f}", flush=True)
         if not a.quick:
             report.store(
-                "activation_checkpointing", {"per_model": per_model}, seeds=[0], wall_seconds=time.time() - start
+                "activation_checkpointing",
+                {"per_model": per_model, **note},
+                seeds=[0],
+                wall_seconds=time.time() - start,
             )
         return
     per_model = {name: measure(name, model, tok, shapes, repeats) for name, model, tok in models(a.quick)}
     if a.quick:
         return
     report.store(
-        "utilisation", {"per_model": per_model, "shapes": SHAPES}, seeds=[0], wall_seconds=time.time() - start
+        "utilisation", {"per_model": per_model, "shapes": SHAPES, **note}, seeds=[0], wall_seconds=time.time() - start
     )
 
 
