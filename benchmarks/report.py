@@ -155,8 +155,9 @@ def save(
     results[key] = {**value, **stamp}
     if key in HEADLINE_SECTIONS:
         results.update({k: value[k] for k in HEADLINE if k in value})
-    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    return results
+    text = json.dumps(results, indent=2, sort_keys=True) + "\n"
+    path.write_text(text)
+    return json.loads(text)  # as the file holds it (keys sorted): a report rendered now reads as one rendered later
 
 
 def measured_line(per_env: dict) -> str:

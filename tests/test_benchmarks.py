@@ -257,8 +257,10 @@ def test_activation_checkpointing_is_timed_both_ways_with_the_same_gradients(tmp
         "off": [0.2, 0.3],
         "off_speedup": utilisation.spread([1.5, 1.1]),
     }
-    report.store("activation_checkpointing", {"per_model": {"tiny": row}, "note": "a job ran beside it"}, seeds=[0])
+    per_model = {"tiny": row, "SmolLM2": row}  # stored in this order, read back sorted
+    report.store("activation_checkpointing", {"per_model": per_model, "note": "a job ran beside it"}, seeds=[0])
     text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text == report.render(report.load())  # the report written as it stores reads as one rendered later
     assert "## Activation checkpointing (`python benchmarks/utilisation.py checkpointing`" in text
     assert "| tiny | 4 x 256 tokens | 0.300, 0.330 | 0.200, 0.300 | x1.300 (1.100-1.500) |" in text
     assert "(a job ran beside it.)" in text

@@ -58,7 +58,10 @@ def _main(tmp_path, *extra):
     ],
 )
 def test_train_refuses_bad_paths_and_settings_before_any_model_loads(tmp_path, extra, message, monkeypatch):
+    # train imported before the patch: imported for the first time while starpo_trl.models is patched, it would bind the stand-in as
+    # its own name, and undoing the patch would leave it there for every later test of this process
     import starpo_trl.models
+    import train
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded before the arguments were checked")
@@ -66,8 +69,6 @@ def test_train_refuses_bad_paths_and_settings_before_any_model_loads(tmp_path, e
     monkeypatch.setattr(starpo_trl.models, "load_model_and_tokenizer", no_load)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
-    import train
-
     monkeypatch.setattr(train, "load_model_and_tokenizer", no_load)
     with pytest.raises(ValueError, match=message):
         _main(tmp_path, *extra)
