@@ -21,7 +21,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import use_adapter
 
 from starpo_trl.algorithms.critic import build_critic
-from starpo_trl.algorithms.critic_targets import critic_targets, fit_critic
+from starpo_trl.algorithms.critic_targets import TargetSettings, critic_targets, fit_critic
 from starpo_trl.algorithms.estimators import turn_advantages
 from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, env_reward, score_rollout
 from starpo_trl.algorithms.settings import ScoringSettings
@@ -109,6 +109,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.group_envs = args.group_envs()  # the env of each group of a step
         self.group_env_index = [args.train_envs().index(env) for env in self.group_envs]
         self.critic = build_critic(unwrapped, args, self.accelerator, value_model)
+        self.target_settings = TargetSettings.of(args) if self.critic is not None else None
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(
             self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
@@ -271,13 +272,14 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         turns, raw, normalized = [ep.turn_rewards for ep in kept], scored.rewards[scored.keep], scored.kept_rewards
         turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, self.scoring)
         sum_all = self._sum_over_processes
-        targets = critic_targets(self.critic, rows, owner, turn_rewards, *forward, loss_mask, args, sum_all)
+        settings = self.target_settings
+        targets = critic_targets(self.critic, rows, owner, turn_rewards, *forward, loss_mask, settings, sum_all)
         batch.update(old_values=targets.values, returns=targets.returns, value_mask=targets.value_mask)
         self._log(mode, self.step_log.critic(targets, loss_mask))
         if mode == "train" and not self.empty_steps.skip:
             n = len(rows) if args.rows_per_turn else len(kept)
             step, reduce = self.state.global_step, self._average_grads
-            for stats in fit_critic(self.critic, forward, targets, n, args, step, reduce):
+            for stats in fit_critic(self.critic, forward, targets, n, settings, step, reduce):
                 self._log(mode, stats)
         return targets.advantages
 

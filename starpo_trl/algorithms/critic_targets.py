@@ -16,8 +16,38 @@ import torch
 
 from starpo_trl.algorithms.advantages import turn_end_mask
 from starpo_trl.algorithms.estimators import get_estimator
+from starpo_trl.algorithms.settings import AdvantageSettings, CriticSettings
 from starpo_trl.algorithms.stats import whiten
 from starpo_trl.rollout.settings import context_window_turns
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """What ``critic_targets`` and ``fit_critic`` read, each from the layer that owns it: the estimator and its
+    discounts (``AdvantageSettings``); the critic's loss tokens, whitening and epochs (``CriticSettings``); whether
+    the rows are one per turn (decided once, from the context window: ``RolloutSettings.context_window``); and the
+    run's micro-batch, micro-batches per rollout, seed and gradient clip (TRL's training arguments)."""
+
+    advantages: AdvantageSettings
+    critic: CriticSettings
+    turn_rows: bool
+    micro_batch: int
+    micro_batches: int
+    seed: int
+    max_grad_norm: float
+
+    @classmethod
+    def of(cls, config) -> TargetSettings:
+        """Read from a ``StarPOConfig`` (or anything with its field names)."""
+        return cls(
+            AdvantageSettings.of(config),
+            CriticSettings.of(config),
+            context_window_turns(config.context_window) is not None,
+            config.per_device_train_batch_size,
+            config.steps_per_generation,
+            config.seed,
+            config.max_grad_norm,
+        )
 
 
 @dataclass
@@ -37,7 +67,7 @@ def critic_targets(
     attention_mask: torch.Tensor,
     logits_to_keep: int,
     loss_mask: torch.Tensor,
-    args,
+    settings: TargetSettings,
     sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> CriticTargets:
     """Targets for this process's ``rows`` (``Episode``s: the kept episodes' training rows, then padding).
@@ -47,26 +77,26 @@ def critic_targets(
     runs on the rows as they are. With a context window (one row per turn, each with the context the
     model saw) each row's values come from its own context, and the estimator runs on each episode's
     replies joined in turn order (``join_turn_rows``): GAE bootstraps from turn t to turn t+1 exactly as
-    over a whole-history row, whose env tokens it skips. ``args`` gives ``advantage_estimator`` and its
-    settings, ``value_loss_tokens`` (``"all"`` model tokens, or VAGEN's ``"turn_ends"``: each turn's last
+    over a whole-history row, whose env tokens it skips. ``settings`` gives the estimator and its discounts, the
+    row layout, ``value_loss_tokens`` (``"all"`` model tokens, or VAGEN's ``"turn_ends"``: each turn's last
     model token) and ``whiten_advantages``. ``sum_over_processes`` sums a tensor over processes, so the
     whitening statistics are the whole batch's, as on one process.
     """
-    values = critic.values(input_ids, attention_mask, logits_to_keep, args.per_device_train_batch_size) * loss_mask
-    estimator = get_estimator(args.advantage_estimator).fn
+    values = critic.values(input_ids, attention_mask, logits_to_keep, settings.micro_batch) * loss_mask
+    estimator, discounts = get_estimator(settings.advantages.advantage_estimator).fn, settings.advantages
     row_ends = [ep.turn_end_positions for ep in rows]
-    if context_window_turns(args.context_window) is None:  # one row per episode (then padding, with zero rewards)
+    if not settings.turn_rows:  # one row per episode (then padding, with zero rewards)
         rewards = list(turn_rewards) + [[0.0] * len(ep.turn_rewards) for ep in rows[len(turn_rewards) :]]
-        advantages, returns = estimator(rewards, row_ends, values, loss_mask, args)
+        advantages, returns = estimator(rewards, row_ends, values, loss_mask, discounts)
     else:
         layout = join_turn_rows(owner, [len(ep.completion_ids) for ep in rows[: len(owner)]], len(turn_rewards))
         ends = [[p - 1 for p in itertools.accumulate(n for _, n in turns)] for turns in layout]
         joined = estimator(
-            turn_rewards, ends, gather_turn_rows(values, layout), gather_turn_rows(loss_mask, layout), args
+            turn_rewards, ends, gather_turn_rows(values, layout), gather_turn_rows(loss_mask, layout), discounts
         )
         advantages, returns = (scatter_turn_rows(x, layout, values.shape) for x in joined)
-    value_mask = loss_mask if args.value_loss_tokens == "all" else turn_end_mask(row_ends, loss_mask)
-    if args.whiten_advantages:
+    value_mask = loss_mask if settings.critic.value_loss_tokens == "all" else turn_end_mask(row_ends, loss_mask)
+    if settings.critic.whiten_advantages:
         m = loss_mask.bool()
         x = advantages[m].double()
         stats = torch.stack([m.sum().double(), x.sum(), (x * x).sum()])
@@ -112,7 +142,7 @@ def scatter_turn_rows(y: torch.Tensor, layout: list[list[tuple[int, int]]], shap
 
 
 def fit_critic(
-    critic, inputs: tuple, targets: CriticTargets, num_rows: int, args, step: int, reduce=None
+    critic, inputs: tuple, targets: CriticTargets, num_rows: int, settings: TargetSettings, step: int, reduce=None
 ) -> list[dict]:
     """The critic learns on one step's ``targets``, once per rollout batch and before the policy's update
     (the advantages already hold its values from before): ``critic_epochs`` passes over the first
@@ -129,10 +159,10 @@ def fit_critic(
         targets.values[real],
         targets.returns[real],
         targets.value_mask[real],
-        args.critic_epochs,
-        args.steps_per_generation,
-        torch.Generator().manual_seed(args.seed * 1_000_003 + step),
-        args.max_grad_norm,
+        settings.critic.critic_epochs,
+        settings.micro_batches,
+        torch.Generator().manual_seed(settings.seed * 1_000_003 + step),
+        settings.max_grad_norm,
         reduce=reduce,
     )
     return [{f"critic/{key}": value for key, value in s.items()} for s in stats]

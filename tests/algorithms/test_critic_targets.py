@@ -1,12 +1,14 @@
 """The critic's targets with one row per turn (context windows), checked by hand and against the
 same episodes laid out as whole-history rows."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from starpo_trl.algorithms.critic_targets import critic_targets
+from starpo_trl.algorithms.critic_targets import TargetSettings, critic_targets
+from starpo_trl.algorithms.settings import AdvantageSettings, CriticSettings
 
 
 class FixedCritic:
@@ -20,10 +22,13 @@ class FixedCritic:
 
 
 def settings(estimator="gae", gamma=1.0, lam=1.0, **kw):
+    """``TargetSettings`` read from a config holding these fields (the layers' defaults for the rest), as the
+    trainer reads them from its ``StarPOConfig``."""
     base = dict(per_device_train_batch_size=8, advantage_estimator=estimator, gamma=gamma, lam=lam)
     base.update(turn_gamma=1.0, turn_lambda=1.0, value_loss_tokens="all", whiten_advantages=False)
-    base.update(context_window="full")
-    return SimpleNamespace(**{**base, **kw})
+    base.update(context_window="full", steps_per_generation=1, seed=0, max_grad_norm=1.0)
+    defaults = {**AdvantageSettings().values(), **CriticSettings().values()}
+    return TargetSettings.of(SimpleNamespace(**{**defaults, **base, **kw}))
 
 
 def row(length, ends, turns=1):
@@ -44,7 +49,7 @@ FULL_MASK = torch.tensor([[1, 1, 0, 0, 1], [1, 1, 0, 0, 0]])
 
 
 def window_targets(args):
-    args = SimpleNamespace(**{**vars(args), "context_window": "window:1"})  # one row per turn
+    args = dataclasses.replace(args, turn_rows=True)  # one row per turn, as context_window: window:1 gives
     ids = torch.zeros_like(WINDOW_MASK)
     critic = FixedCritic(WINDOW_VALUES)
     return critic_targets(critic, WINDOW_ROWS, WINDOW_OWNER, TURN_REWARDS, ids, ids, 2, WINDOW_MASK, args)
@@ -176,7 +181,7 @@ def test_estimators_by_name_pass_every_discount_in_its_place():
     values, mask = torch.tensor([[0.3, 0.4, 9.0, 0.1, 0.2]]), torch.tensor([[1, 1, 0, 1, 1]])
     s = settings(gamma=0.5, lam=0.8, turn_gamma=0.9, turn_lambda=0.6)
     for name, turn_only in (("bilevel_gae", False), ("turn_gae", True)):
-        got = get_estimator(name).fn([[1.0, 2.0]], [[1, 4]], values, mask, s)
+        got = get_estimator(name).fn([[1.0, 2.0]], [[1, 4]], values, mask, s.advantages)
         want = bilevel_gae([[1.0, 2.0]], [[1, 4]], values, mask, 0.5, 0.8, 0.9, 0.6, turn_level_only=turn_only)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), name
         assert got[0].device == values.device
@@ -242,7 +247,7 @@ def test_fit_critic_passes_the_real_rows_the_targets_and_a_per_step_order():
 
     ids, attention = torch.arange(12).view(3, 4), torch.ones(3, 4, dtype=torch.long)
     targets = CriticTargets(torch.zeros(3, 4), torch.full((3, 4), 1.0), torch.full((3, 4), 2.0), MASK)
-    args = SimpleNamespace(critic_epochs=4, steps_per_generation=2, seed=3, max_grad_norm=0.7)
+    args = settings(critic_epochs=4, steps_per_generation=2, seed=3, max_grad_norm=0.7)
     critic, reduce = Recorder(), object()
     stats = fit_critic(critic, (ids, attention, 4), targets, 2, args, step=5, reduce=reduce)
     assert stats == [{"critic/value_loss": 0.5}, {"critic/value_loss": 0.25}] and critic.reduce is reduce
@@ -265,3 +270,45 @@ def test_the_row_layout_comes_from_the_context_window_setting_not_from_row_count
     )
     assert torch.allclose(full.advantages, torch.tensor([[0.5, 0.8], [0.4, 0.2]]))
     assert torch.allclose(window.advantages, full.advantages) and torch.allclose(window.returns, full.returns)
+
+
+def test_target_settings_are_read_from_the_run_config_once(tmp_path):
+    """The trainer reads what the critic's targets need from its config once: each field from the layer that owns
+    it, and the row layout decided from the context window (not guessed later from row counts)."""
+    from helpers import make_args
+
+    args = make_args(
+        tmp_path,
+        advantage_estimator="bilevel_gae",
+        gamma=0.9,
+        lam=0.8,
+        turn_gamma=0.7,
+        turn_lambda=0.6,
+        value_loss_tokens="turn_ends",
+        whiten_advantages=True,
+        critic_epochs=3,
+        per_device_train_batch_size=2,
+        seed=7,
+        max_grad_norm=0.5,
+    )
+    got = TargetSettings.of(args)
+    assert got.advantages == AdvantageSettings.of(args) and got.critic == CriticSettings.of(args)
+    assert (got.advantages.gamma, got.advantages.lam, got.advantages.turn_gamma, got.advantages.turn_lambda) == (
+        0.9,
+        0.8,
+        0.7,
+        0.6,
+    )
+    assert (got.critic.value_loss_tokens, got.critic.whiten_advantages, got.critic.critic_epochs) == (
+        "turn_ends",
+        True,
+        3,
+    )
+    assert (got.micro_batch, got.micro_batches, got.seed, got.max_grad_norm) == (
+        2,
+        args.steps_per_generation,
+        7,
+        0.5,
+    )
+    assert got.turn_rows is False
+    assert TargetSettings.of(make_args(tmp_path, context_window="window:2")).turn_rows is True
