@@ -17,19 +17,35 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import TrainerCallback
 
+from starpo_trl.algorithms.settings import ScoringSettings
+
 
 class EmptySteps(TrainerCallback):
     """``max_empty_steps`` empty steps in a row (episodes failed), or ``rollout_filter_empty_stop_steps``
-    steps in a row where the filter kept nothing, raise ``RuntimeError``. ``config`` is the ``StarPOConfig``,
-    ``parameters()`` gives the policy's parameters as they are trained (wrapped or not)."""
+    steps in a row where the filter kept nothing, raise ``RuntimeError``. ``scoring``: the filter's and the
+    advantages' settings (``skip_zero_advantage_steps``, the filter stop and what its message names); ``envs``:
+    the training envs the message names; ``parameters()`` gives the policy's parameters as they are trained
+    (wrapped or not)."""
 
-    def __init__(self, config, parameters: Callable[[], Iterable[torch.nn.Parameter]]):
-        self.config = config
+    def __init__(
+        self,
+        scoring: ScoringSettings,
+        max_empty_steps: int,
+        envs: str,
+        parameters: Callable[[], Iterable[torch.nn.Parameter]],
+    ):
+        self.settings, self.max_empty_steps, self.envs = scoring, max_empty_steps, envs
         self.parameters = parameters
         self.skip = False  # whether the current step is skipped
         self.zero_advantage = False  # skipped because every advantage is 0 (its loss is zeroed)
         self.empty_in_a_row = 0
         self.filtered_out_in_a_row = 0
+
+    @classmethod
+    def of(cls, config, parameters: Callable[[], Iterable[torch.nn.Parameter]]) -> EmptySteps:
+        """Read from a ``StarPOConfig``: its scoring settings, ``max_empty_steps`` and its training envs."""
+        envs = ", ".join(sorted({env.env_id for env in config.train_envs()}))
+        return cls(ScoringSettings.of(config), config.max_empty_steps, envs, parameters)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.skip:
@@ -40,7 +56,7 @@ class EmptySteps(TrainerCallback):
         """Count one training step (``empty``: no model token to train on; ``filtered_out``: because the
         filter kept no group; ``zero_advantage``: every kept advantage is 0, skipped only with
         ``skip_zero_advantage_steps``); returns its ``rollout/empty_*`` (and ``zero_advantage_step``) metrics."""
-        args = self.config
+        args = self.settings
         self.zero_advantage = bool(args.skip_zero_advantage_steps and zero_advantage and not empty)
         self.skip = empty or self.zero_advantage
         self.empty_in_a_row = self.empty_in_a_row + 1 if empty and not filtered_out else 0
@@ -54,11 +70,11 @@ class EmptySteps(TrainerCallback):
                 "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
                 "rollout_filter_empty_stop_steps."
             )
-        if self.empty_in_a_row >= args.max_empty_steps:
+        if self.empty_in_a_row >= self.max_empty_steps:
             raise RuntimeError(
                 f"{self.empty_in_a_row} steps in a row had no model token to train on: every kept episode failed "
                 f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
-                f"({args.env_id}) or raise max_empty_steps."
+                f"({self.envs}) or raise max_empty_steps."
             )
         metrics = {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
         if args.skip_zero_advantage_steps:

@@ -11,7 +11,7 @@ from starpo_trl.monitoring.empty_steps import EmptySteps
 
 def test_counts_in_a_row_and_stops_naming_the_cause(tmp_path):
     args = make_args(tmp_path, max_empty_steps=2, rollout_filter_empty_stop_steps=3)
-    steps = EmptySteps(args, lambda: [])
+    steps = EmptySteps.of(args, lambda: [])
     assert steps.update(True, False) == {"rollout/empty_step": 1.0, "rollout/empty_after_filter": 0.0}
     assert steps.skip
     steps.update(False, False)  # a step with something to train on breaks the run
@@ -21,21 +21,21 @@ def test_counts_in_a_row_and_stops_naming_the_cause(tmp_path):
     assert (steps.empty_in_a_row, steps.filtered_out_in_a_row) == (0, 2)
     with pytest.raises(RuntimeError, match="rollout filter kept no group 3 steps in a row"):
         steps.update(True, True)
-    steps = EmptySteps(args, lambda: [])
+    steps = EmptySteps.of(args, lambda: [])
     steps.update(True, False)
     with pytest.raises(RuntimeError, match="2 steps in a row had no model token"):
         steps.update(True, False)
 
 
 def test_state_round_trip_and_dropped_gradients(tmp_path):
-    steps = EmptySteps(make_args(tmp_path, max_empty_steps=5), lambda: [])
+    steps = EmptySteps.of(make_args(tmp_path, max_empty_steps=5), lambda: [])
     steps.update(True, False)
-    restored = EmptySteps(make_args(tmp_path, max_empty_steps=5), lambda: [])
+    restored = EmptySteps.of(make_args(tmp_path, max_empty_steps=5), lambda: [])
     restored.load_state_dict(steps.state_dict())
     assert restored.state_dict() == {"empty_steps_in_a_row": 1, "filtered_out_in_a_row": 0}
     weight = torch.nn.Parameter(torch.ones(2))
     weight.grad = torch.ones(2)
-    restored = EmptySteps(make_args(tmp_path, max_empty_steps=5), lambda: [weight])
+    restored = EmptySteps.of(make_args(tmp_path, max_empty_steps=5), lambda: [weight])
     restored.on_pre_optimizer_step(None, None, None)
     assert weight.grad is not None  # not skipped: the gradient stays
     restored.update(True, False)
@@ -74,13 +74,13 @@ def test_a_step_whose_advantages_are_all_zero_is_skipped_only_when_asked(tmp_pat
 def test_a_zero_advantage_step_is_skipped_only_with_the_option_and_counted_apart(tmp_path):
     """update() by hand: a zero-advantage step skips (and zeroes the loss) only with skip_zero_advantage_steps,
     never counts toward the empty-step stop, and an empty step is empty, not zero-advantage."""
-    off = EmptySteps(make_args(tmp_path), lambda: [])
+    off = EmptySteps.of(make_args(tmp_path), lambda: [])
     assert off.update(False, False, zero_advantage=True) == {
         "rollout/empty_step": 0.0,
         "rollout/empty_after_filter": 0.0,
     }
     assert not off.skip and not off.zero_advantage
-    on = EmptySteps(make_args(tmp_path, skip_zero_advantage_steps=True, max_empty_steps=2), lambda: [])
+    on = EmptySteps.of(make_args(tmp_path, skip_zero_advantage_steps=True, max_empty_steps=2), lambda: [])
     for _ in range(3):  # three in a row: no stop (the stop counts empty steps only)
         metrics = on.update(False, False, zero_advantage=True)
         assert on.skip and on.zero_advantage and metrics["rollout/zero_advantage_step"] == 1.0
@@ -163,7 +163,7 @@ def test_a_skipped_zero_advantage_step_is_bit_identical_on_two_processes(tmp_pat
 
 
 def test_a_new_counter_skips_nothing_and_an_old_checkpoint_without_counts_restores_zeros(tmp_path):
-    steps = EmptySteps(make_args(tmp_path), lambda: [])
+    steps = EmptySteps.of(make_args(tmp_path), lambda: [])
     assert steps.skip is False and steps.zero_advantage is False
     assert steps.state_dict() == {"empty_steps_in_a_row": 0, "filtered_out_in_a_row": 0}
     assert type(steps.empty_in_a_row) is int and type(steps.filtered_out_in_a_row) is int
@@ -174,7 +174,7 @@ def test_a_new_counter_skips_nothing_and_an_old_checkpoint_without_counts_restor
 
 
 def test_the_filter_stop_message_says_what_to_change(tmp_path):
-    steps = EmptySteps(make_args(tmp_path, rollout_filter_empty_stop_steps=1), lambda: [])
+    steps = EmptySteps.of(make_args(tmp_path, rollout_filter_empty_stop_steps=1), lambda: [])
     with pytest.raises(RuntimeError) as err:
         steps.update(True, True)
     assert str(err.value) == (
@@ -183,3 +183,20 @@ def test_the_filter_stop_message_says_what_to_change(tmp_path):
         "(collapsed, or the task is too hard or too easy). Set rollout_filter_include_zero=True, lower "
         "rollout_filter_eps, use top_k, or raise rollout_filter_empty_stop_steps."
     )
+
+
+def test_the_empty_step_stop_names_every_training_env_and_reads_its_own_settings(tmp_path):
+    """The counter takes the scoring settings and its own limit (not the whole config); its message names the
+    training envs, each once, also when a run trains several (env_id is then unset)."""
+    from starpo_trl.algorithms.settings import ScoringSettings
+
+    envs = [
+        {"env_id": "starpo/Bandit-v0", "n_groups": 1},
+        {"env_id": "starpo/FrozenLake-v0", "n_groups": 1},
+        {"env_id": "starpo/Bandit-v0", "n_groups": 2, "name": "Bandit-again"},
+    ]
+    args = make_args(tmp_path, env_id=None, env_configs=envs, num_start_states=4, max_empty_steps=1)
+    steps = EmptySteps.of(args, lambda: [])
+    assert steps.settings == ScoringSettings.of(args) and steps.max_empty_steps == 1
+    with pytest.raises(RuntimeError, match=r"Fix the env \(starpo/Bandit-v0, starpo/FrozenLake-v0\)"):
+        steps.update(True, False)
