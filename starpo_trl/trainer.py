@@ -268,7 +268,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         args: StarPOConfig = self.args
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         if self.critic is None:
-            return turn_advantages(episodes, scored, args, mine, rows, owner, loss_mask.size(1)).to(loss_mask.device)
+            width, settings, group = loss_mask.size(1), self.scoring, self.num_generations
+            return turn_advantages(episodes, scored, settings, group, mine, rows, owner, width).to(loss_mask.device)
         turns, raw, normalized = [ep.turn_rewards for ep in kept], scored.rewards[scored.keep], scored.kept_rewards
         turn_rewards = critic_turn_rewards(turns, raw, normalized, mine, self.num_generations, self.scoring)
         sum_all = self._sum_over_processes

@@ -70,18 +70,19 @@ def get_estimator(name: str) -> Estimator:
     return ESTIMATORS[name]
 
 
-def turn_advantages(episodes, scored, args, mine: slice, rows, owner, width: int) -> torch.Tensor:
-    """A turn estimator's (``args.advantage_estimator``, e.g. ``gigpo``) per-token advantages ``(len(rows), width)``
-    for this process's training ``rows`` (``owner``: each one's kept episode, in its share ``mine`` of
-    ``scored.keep``). Computed on the whole kept batch ``episodes[scored.keep]`` (a group's episodes may be dealt
-    to several processes) from their normalised rewards, turn rewards and anchor states."""
+def turn_advantages(episodes, scored, settings, group_size: int, mine: slice, rows, owner, width: int) -> torch.Tensor:
+    """A turn estimator's (``settings.advantage_estimator``, e.g. ``gigpo``; ``settings``: the
+    ``AdvantageSettings``) per-token advantages ``(len(rows), width)`` for this process's training ``rows``
+    (``owner``: each one's kept episode, in its share ``mine`` of ``scored.keep``). Computed on the whole kept batch
+    ``episodes[scored.keep]`` (a group's episodes may be dealt to several processes; ``group_size`` episodes per
+    group) from their normalised rewards, turn rewards and anchor states."""
     kept = [episodes[i] for i in scored.keep.tolist()]
-    per_turn = get_estimator(args.advantage_estimator).fn(
+    per_turn = get_estimator(settings.advantage_estimator).fn(
         scored.kept_rewards.tolist(),
         [ep.turn_rewards for ep in kept],
         [ep.turn_states for ep in kept],
-        args.num_generations,
-        args,
+        group_size,
+        settings,
     )
     return turn_token_values(rows, owner, per_turn[mine], width)
 

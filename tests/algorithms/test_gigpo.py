@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from starpo_trl.algorithms.gigpo import discounted_returns, gigpo_advantages, relative
+from starpo_trl.algorithms.settings import AdvantageSettings
 
 # group of 2: episode 0 turns (0, 1) from states A, B; episode 1 turns (0, 0, 0) from A, C, B
 TURNS = [[0.0, 1.0], [0.0, 0.0, 0.0]]
@@ -278,16 +279,12 @@ def test_the_registry_turns_the_whole_kept_batch_into_this_processs_token_advant
 
     episodes = [ep(9, [5.0], ["Z"]), ep(9, [5.0], ["Z"]), ep(1, [0.0, 1.0], ["A", "B"]), ep(1, [0.0, 0.0], ["A", "C"])]
     scored = SimpleNamespace(keep=torch.tensor([2, 3]), kept_rewards=torch.tensor([1.0, 0.0]))
-    args = SimpleNamespace(
-        advantage_estimator="gigpo",
-        num_generations=2,
-        turn_gamma=0.5,
-        gigpo_mode="mean_norm",
-        step_advantage_weight=1.0,
+    settings = AdvantageSettings(
+        advantage_estimator="gigpo", turn_gamma=0.5, gigpo_mode="mean_norm", step_advantage_weight=1.0
     )
-    # episode adv +-0.5; anchor A: returns 0.5 and 0 (+-0.25); B and C alone
+    # episode adv +-0.5 (groups of 2); anchor A: returns 0.5 and 0 (+-0.25); B and C alone
     rows = [episodes[3]]  # this process holds the second kept episode
-    adv = turn_advantages(episodes, scored, args, slice(1, 2), rows, [0], 5)
+    adv = turn_advantages(episodes, scored, settings, 2, slice(1, 2), rows, [0], 5)
     assert adv.tolist() == [[-0.75, 0, -0.5, 0, 0]]
-    both = turn_advantages(episodes, scored, args, slice(0, 2), [episodes[2], episodes[3]], [0, 1], 4)
+    both = turn_advantages(episodes, scored, settings, 2, slice(0, 2), [episodes[2], episodes[3]], [0, 1], 4)
     assert both.tolist() == [[0.75, 0, 0.5, 0], [-0.75, 0, -0.5, 0]]
