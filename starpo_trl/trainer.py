@@ -24,7 +24,7 @@ from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.critic_targets import TargetSettings, critic_targets, fit_critic
 from starpo_trl.algorithms.estimators import turn_advantages
 from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, env_reward, score_rollout
-from starpo_trl.algorithms.settings import ScoringSettings
+from starpo_trl.algorithms.settings import CriticSettings, ScoringSettings
 from starpo_trl.checkpoints import load_checkpoint_extras, load_critic, save_checkpoint_extras, save_model_extras
 from starpo_trl.config import StarPOConfig, rollout_config
 from starpo_trl.env_configs import held_out_calls, metrics_name, process_starts, start_state_dataset
@@ -108,7 +108,17 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.recipe = recipe  # the recipe text, shown in the model card
         self.group_envs = args.group_envs()  # the env of each group of a step
         self.group_env_index = [args.train_envs().index(env) for env in self.group_envs]
-        self.critic = build_critic(unwrapped, args, self.accelerator, value_model)
+        self.critic = build_critic(
+            unwrapped,
+            CriticSettings.of(args),
+            args.advantage_estimator,
+            self.accelerator,
+            micro_batch=args.per_device_train_batch_size,
+            max_grad_norm=args.max_grad_norm,
+            weight_decay=args.weight_decay,
+            trust_remote_code=args.trust_remote_code,
+            value_model=value_model,
+        )
         self.target_settings = TargetSettings.of(args) if self.critic is not None else None
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(

@@ -27,6 +27,7 @@ import os
 import torch
 from torch import nn
 
+from starpo_trl.algorithms.settings import CriticSettings
 from starpo_trl.algorithms.value_model import ValueModel, is_partitioned, value_loss
 
 ENGINE_TAG = "engine"  # DeepSpeed checkpoint folder inside the critic's directory
@@ -395,17 +396,30 @@ def make_critic(
     return ReplicatedCritic(model, learning_rate, weight_decay, value_clip, shard_optimizer)
 
 
-def build_critic(policy, args, accelerator, value_model=None) -> HeldCritic | None:
-    """The critic ``args.advantage_estimator`` needs (None for one that needs none), held as the
+def build_critic(
+    policy,
+    settings: CriticSettings,
+    estimator: str,
+    accelerator,
+    *,
+    micro_batch: int,
+    max_grad_norm: float,
+    weight_decay: float,
+    trust_remote_code: bool = False,
+    value_model=None,
+) -> HeldCritic | None:
+    """The critic the advantage ``estimator`` needs (None for one that needs none), held as the
     policy is: its own DeepSpeed engine with the policy's ZeRO stage, sharded by Accelerate's FSDP2,
     or replicated. Refuses, before anything is built, the combinations that cannot work.
 
-    ``policy`` is the unwrapped policy; ``value_model`` (a model, a Hub id / local dir, or None for
-    the policy's own weights) initialises a full critic; ``args`` is the ``StarPOConfig``.
+    ``policy`` is the unwrapped policy; ``settings`` the critic's own; ``micro_batch``, ``max_grad_norm``,
+    ``weight_decay`` and ``trust_remote_code`` are the run's (TRL's training arguments), which the critic's
+    DeepSpeed engine and optimizer follow. ``value_model`` (a model, a Hub id / local dir, or None for the
+    policy's own weights) initialises a full critic.
     """
     from starpo_trl.algorithms.estimators import critic_estimators, get_estimator
 
-    if not get_estimator(args.advantage_estimator).critic:
+    if not get_estimator(estimator).critic:
         if value_model is not None:
             raise ValueError(
                 f"value_model is only used by a critic: set advantage_estimator to one of {critic_estimators()}."
@@ -413,7 +427,7 @@ def build_critic(policy, args, accelerator, value_model=None) -> HeldCritic | No
         return None
     deepspeed_config = fsdp_accelerator = None
     if getattr(accelerator.state, "fsdp_plugin", None) is not None:
-        if args.critic_type == "lora":
+        if settings.critic_type == "lora":
             raise ValueError(
                 "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
                 "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
@@ -421,17 +435,17 @@ def build_critic(policy, args, accelerator, value_model=None) -> HeldCritic | No
         fsdp_accelerator = accelerator
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None:
-        if args.critic_type == "lora" and plugin.zero_stage == 3:
+        if settings.critic_type == "lora" and plugin.zero_stage == 3:
             raise ValueError(
                 "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
                 "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
             )
-        if args.critic_type == "full":  # its own engine: sharded as the policy is
+        if settings.critic_type == "full":  # its own engine: sharded as the policy is
             precision = accelerator.mixed_precision
             deepspeed_config = deepspeed_critic_config(
                 plugin.deepspeed_config,
-                args.per_device_train_batch_size,
-                args.max_grad_norm,
+                micro_batch,
+                max_grad_norm,
                 precision == "bf16",
                 precision == "fp16",
             )
@@ -439,14 +453,14 @@ def build_critic(policy, args, accelerator, value_model=None) -> HeldCritic | No
         from transformers import AutoModelForCausalLM
 
         value_model = AutoModelForCausalLM.from_pretrained(
-            value_model, dtype=policy.dtype, trust_remote_code=args.trust_remote_code
+            value_model, dtype=policy.dtype, trust_remote_code=trust_remote_code
         )
     return make_critic(
         policy,
-        args.critic_type,
-        args.critic_learning_rate,
-        args.value_clip,
-        args.weight_decay,
+        settings.critic_type,
+        settings.critic_learning_rate,
+        settings.value_clip,
+        weight_decay,
         init_from=value_model,
         deepspeed_config=deepspeed_config,
         fsdp_accelerator=fsdp_accelerator,

@@ -380,9 +380,10 @@ def test_lora_critic_is_refused_where_the_policy_is_sharded(tmp_path, policy, ba
         fsdp_plugin=object() if backend == "fsdp" else None,
         deepspeed_plugin=SimpleNamespace(zero_stage=3) if backend == "zero3" else None,
     )
-    args = make_args(tmp_path, advantage_estimator="gae", critic_type="lora")
+    from starpo_trl.algorithms.settings import CriticSettings
+
+    accelerator = SimpleNamespace(state=state, mixed_precision="no")
+    run = dict(micro_batch=2, max_grad_norm=1.0, weight_decay=0.0)
     with pytest.raises(ValueError, match="critic_type='full'"):
-        build_critic(policy, args, SimpleNamespace(state=state, mixed_precision="no"))
-    assert (
-        build_critic(policy, make_args(tmp_path), SimpleNamespace(state=state, mixed_precision="no")) is None
-    )  # grpo: no critic
+        build_critic(policy, CriticSettings(critic_type="lora"), "gae", accelerator, **run)
+    assert build_critic(policy, CriticSettings(critic_type="lora"), "grpo", accelerator, **run) is None  # no critic
