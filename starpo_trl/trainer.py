@@ -108,18 +108,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         self.recipe = recipe  # the recipe text, shown in the model card
         self.group_envs = args.group_envs()  # the env of each group of a step
         self.group_env_index = [args.train_envs().index(env) for env in self.group_envs]
-        self.critic = build_critic(
-            unwrapped,
-            CriticSettings.of(args),
-            args.advantage_estimator,
-            self.accelerator,
-            micro_batch=args.per_device_train_batch_size,
-            max_grad_norm=args.max_grad_norm,
-            weight_decay=args.weight_decay,
-            trust_remote_code=args.trust_remote_code,
-            value_model=value_model,
-        )
-        self.target_settings = TargetSettings.of(args) if self.critic is not None else None
+        self._build_critic(args, unwrapped, value_model)
         # Built once: it checks the chat template (prefix preservation) before any training step.
         self.engine = RolloutEngine(
             self._tokenizer, None, self.rollout_config, self.eos_token_ids, reasoning_reward_fn=reasoning_reward_fn
@@ -130,6 +119,22 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         refill = args.rollout_filter_refill  # more rounds when the filter keeps too few groups (starpo_trl.refill)
         play, gather, accel = self._play_and_reward, self._gather_episodes, self.accelerator
         self.refiller = Refiller(args, self.group_envs, self.group_env_index, play, gather, accel) if refill else None
+
+    def _build_critic(self, args: StarPOConfig, policy, value_model) -> None:
+        """The critic the estimator needs (None for one that needs none), held as the policy is, and the settings
+        its targets are computed with, read once."""
+        self.critic = build_critic(
+            policy,
+            CriticSettings.of(args),
+            args.advantage_estimator,
+            self.accelerator,
+            micro_batch=args.per_device_train_batch_size,
+            max_grad_norm=args.max_grad_norm,
+            weight_decay=args.weight_decay,
+            trust_remote_code=args.trust_remote_code,
+            value_model=value_model,
+        )
+        self.target_settings = TargetSettings.of(args) if self.critic is not None else None
 
     def _build_monitoring(self, args: StarPOConfig, zero3: bool, shaping: bool) -> None:
         """The empty-step callback, the collapse guard and the step log, each with its own settings."""

@@ -396,6 +396,37 @@ def make_critic(
     return ReplicatedCritic(model, learning_rate, weight_decay, value_clip, shard_optimizer)
 
 
+def _sharding(critic_type: str, accelerator, micro_batch: int, max_grad_norm: float):
+    """How a critic of ``critic_type`` is held beside the policy: ``(deepspeed_config, fsdp_accelerator)``, the
+    first for a full critic with its own DeepSpeed engine (the policy's ZeRO stage), the second for one sharded by
+    Accelerate's FSDP2, both None for a replicated one. Refuses a LoRA critic where the policy is sharded."""
+    deepspeed_config = fsdp_accelerator = None
+    if getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        if critic_type == "lora":
+            raise ValueError(
+                "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
+                "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
+            )
+        fsdp_accelerator = accelerator
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        if critic_type == "lora" and plugin.zero_stage == 3:
+            raise ValueError(
+                "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
+                "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
+            )
+        if critic_type == "full":  # its own engine: sharded as the policy is
+            precision = accelerator.mixed_precision
+            deepspeed_config = deepspeed_critic_config(
+                plugin.deepspeed_config,
+                micro_batch,
+                max_grad_norm,
+                precision == "bf16",
+                precision == "fp16",
+            )
+    return deepspeed_config, fsdp_accelerator
+
+
 def build_critic(
     policy,
     settings: CriticSettings,
@@ -425,30 +456,7 @@ def build_critic(
                 f"value_model is only used by a critic: set advantage_estimator to one of {critic_estimators()}."
             )
         return None
-    deepspeed_config = fsdp_accelerator = None
-    if getattr(accelerator.state, "fsdp_plugin", None) is not None:
-        if settings.critic_type == "lora":
-            raise ValueError(
-                "The LoRA critic's adapter lives in the policy, which FSDP shards: use critic_type='full' "
-                "(sharded like the policy, by Accelerate's FSDP2), or DDP / DeepSpeed ZeRO-2."
-            )
-        fsdp_accelerator = accelerator
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None:
-        if settings.critic_type == "lora" and plugin.zero_stage == 3:
-            raise ValueError(
-                "The LoRA critic's adapter lives in the policy, which ZeRO-3 partitions: use critic_type='full' "
-                "(sharded like the policy by its own ZeRO-3 engine), or ZeRO-2."
-            )
-        if settings.critic_type == "full":  # its own engine: sharded as the policy is
-            precision = accelerator.mixed_precision
-            deepspeed_config = deepspeed_critic_config(
-                plugin.deepspeed_config,
-                micro_batch,
-                max_grad_norm,
-                precision == "bf16",
-                precision == "fp16",
-            )
+    deepspeed_config, fsdp_accelerator = _sharding(settings.critic_type, accelerator, micro_batch, max_grad_norm)
     if isinstance(value_model, str):
         from transformers import AutoModelForCausalLM
 
