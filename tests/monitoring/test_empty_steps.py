@@ -187,7 +187,7 @@ def test_the_filter_stop_message_says_what_to_change(tmp_path):
 
 def test_the_empty_step_stop_names_every_training_env_and_reads_its_own_settings(tmp_path):
     """The counter takes the scoring settings and its own limit (not the whole config); its message names the
-    training envs, each once, also when a run trains several (env_id is then unset)."""
+    training envs, each once, also when a run trains several (env_id then holds only the first)."""
     from starpo_trl.algorithms.settings import ScoringSettings
 
     envs = [
