@@ -38,8 +38,13 @@ def check_code_is_this_checkout() -> None:
 check_code_is_this_checkout()
 
 
+def read(path: pathlib.Path) -> dict:
+    """A results file's sections ({} before the first is stored)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def load() -> dict:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    return read(RESULTS)
 
 
 # headline ratios also stand at the top level of results.json, where tools look for them: those of
@@ -149,7 +154,7 @@ def save(
     """``value`` as section ``key`` of the results file ``path``, with its ``provenance`` (``seeds``: the seeds it
     ran, None where nothing is drawn at random). ``kept_from``: an earlier section whose provenance stands (a
     replay that re-reads a stored run's logs, not a new measurement). Returns the whole file's results."""
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = read(path)
     stamp = provenance(seeds, wall_seconds, command)
     stamp.update({k: kept_from[k] for k in PROVENANCE if k in (kept_from or {})})
     results[key] = {**value, **stamp}
@@ -593,18 +598,24 @@ SECTIONS = (
 )
 
 
+def render_sections(head: list[str], sections, results: dict) -> str:
+    """A report's text: its ``head`` lines, then each renderer's lines for ``results``, prose wrapped."""
+    lines = list(head)
+    for section in sections:
+        lines += section(results)
+    return "\n".join(wrapped(lines))
+
+
 def render(results: dict) -> str:
     """BENCHMARKS.md's text for ``results``."""
-    lines = [
+    head = [
         "# Benchmarks",
         "",
         "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand. The studies "
         "(learning, collapse, the real model) are in [experiments/](experiments/README.md).",
         "",
     ]
-    for section in SECTIONS:
-        lines += section(results)
-    return "\n".join(wrapped(lines))
+    return render_sections(head, SECTIONS, results)
 
 
 def write(results: dict) -> None:

@@ -12,7 +12,7 @@ for each side of it (which name is risky), the model's probability of the better
 normalised over the two answers as the recipe's warm start writes them (`<answer> NAME</answer>`
 with `warm_start_space_before_answer`, else `<answer>NAME</answer>`); `mass` is the probability of
 either answer at all. The prompt is the one the rollout engine renders for that seed (system prompt,
-instructions, budgets, chat template), checked token for token in tests/test_benchmarks.py.
+instructions, budgets, chat template), checked token for token in tests/test_experiments.py.
 
 `reading` per pair = P(first name | first risky) - P(first name | second risky): 1 follows the payout
 lines, 0 gives the same name whatever they say (choosing by name), -1 reads them backwards. A sampled

@@ -29,7 +29,7 @@ ramped learning rate (REAL_RUNS: `real-collapse`, the default, 2x the recipe's o
 thinks describe the state), and the MI pass every 2 steps on a uniformly drawn turn of two episodes
 per lake (8 lakes, 16 reasonings; all four in `real-5x-state`, 32). Each run has its own results
 section; it stops cleanly after 85 minutes (`real-5x-state`: 120) if its steps are not done.
-`--start-mi` measures the MI of the two warm starts before any RL. docs/monitoring.md reads the runs.
+`--start-mi` measures the MI of the two warm starts before any RL. experiments/collapse.md reads the runs.
 """
 
 from __future__ import annotations

@@ -5,20 +5,18 @@ benchmarks' are (benchmarks/report.py), and this report and README's real-model 
 from __future__ import annotations
 
 import functools
-import json
 import pathlib
 
-from benchmarks.report import ROOT, measured_line, one, render_readme, save, spread_text, stamp, wrapped
+from benchmarks.report import ROOT, measured_line, one, read, render_readme, render_sections, save, spread_text, stamp
 from benchmarks.report import provenance as provenance  # the experiments stamp each run entry with it
 
 RESULTS = ROOT / "experiments" / "results.json"
 MARKDOWN = ROOT / "experiments" / "README.md"
 README = ROOT / "README.md"
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def load() -> dict:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    return read(RESULTS)
 
 
 def store(
@@ -696,7 +694,7 @@ SECTIONS = (
 
 def render(results: dict) -> str:
     """experiments/README.md's text for ``results``."""
-    lines = [
+    head = [
         "# Experiments",
         "",
         "Studies of the method and the trainer: learning at small scale (the tiny model), the collapse guard, and the "
@@ -706,9 +704,7 @@ def render(results: dict) -> str:
         "memory, the CPU demo) are in [BENCHMARKS.md](../BENCHMARKS.md).",
         "",
     ]
-    for section in SECTIONS:
-        lines += section(results)
-    return "\n".join(wrapped(lines))
+    return render_sections(head, SECTIONS, results)
 
 
 def write(results: dict) -> None:

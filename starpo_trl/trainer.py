@@ -24,7 +24,7 @@ from starpo_trl.algorithms.critic import build_critic
 from starpo_trl.algorithms.critic_targets import TargetSettings, critic_targets, fit_critic
 from starpo_trl.algorithms.estimators import turn_advantages
 from starpo_trl.algorithms.scoring import Scored, add_function_rewards, critic_turn_rewards, env_reward, score_rollout
-from starpo_trl.algorithms.settings import CriticSettings, ScoringSettings
+from starpo_trl.algorithms.settings import ScoringSettings
 from starpo_trl.checkpoints import load_checkpoint_extras, load_critic, save_checkpoint_extras, save_model_extras
 from starpo_trl.config import StarPOConfig, rollout_config
 from starpo_trl.env_configs import held_out_calls, metrics_name, process_starts, start_state_dataset
@@ -123,18 +123,18 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     def _build_critic(self, args: StarPOConfig, policy, value_model) -> None:
         """The critic the estimator needs (None for one that needs none), held as the policy is, and the settings
         its targets are computed with, read once."""
+        self.target_settings = settings = TargetSettings.of(args)
         self.critic = build_critic(
             policy,
-            CriticSettings.of(args),
-            args.advantage_estimator,
+            settings.critic,
+            settings.advantages.advantage_estimator,
             self.accelerator,
-            micro_batch=args.per_device_train_batch_size,
-            max_grad_norm=args.max_grad_norm,
+            micro_batch=settings.micro_batch,
+            max_grad_norm=settings.max_grad_norm,
             weight_decay=args.weight_decay,
             trust_remote_code=args.trust_remote_code,
             value_model=value_model,
         )
-        self.target_settings = TargetSettings.of(args) if self.critic is not None else None
 
     def _build_monitoring(self, args: StarPOConfig, zero3: bool, shaping: bool) -> None:
         """The empty-step callback, the collapse guard and the step log, each with its own settings."""

@@ -56,16 +56,16 @@ class EmptySteps(TrainerCallback):
         """Count one training step (``empty``: no model token to train on; ``filtered_out``: because the
         filter kept no group; ``zero_advantage``: every kept advantage is 0, skipped only with
         ``skip_zero_advantage_steps``); returns its ``rollout/empty_*`` (and ``zero_advantage_step``) metrics."""
-        args = self.settings
-        self.zero_advantage = bool(args.skip_zero_advantage_steps and zero_advantage and not empty)
+        settings = self.settings
+        self.zero_advantage = bool(settings.skip_zero_advantage_steps and zero_advantage and not empty)
         self.skip = empty or self.zero_advantage
         self.empty_in_a_row = self.empty_in_a_row + 1 if empty and not filtered_out else 0
         self.filtered_out_in_a_row = self.filtered_out_in_a_row + 1 if filtered_out else 0
-        if self.filtered_out_in_a_row >= args.rollout_filter_empty_stop_steps:
+        if self.filtered_out_in_a_row >= settings.rollout_filter_empty_stop_steps:
             raise RuntimeError(
                 f"The rollout filter kept no group {self.filtered_out_in_a_row} steps in a row "
-                f"(rollout_filter_strategy={args.rollout_filter_strategy!r}, metric={args.rollout_filter_metric!r}, "
-                f"include_zero={args.rollout_filter_include_zero}): every group's score was zero or below the "
+                f"(rollout_filter_strategy={settings.rollout_filter_strategy!r}, metric={settings.rollout_filter_metric!r}, "
+                f"include_zero={settings.rollout_filter_include_zero}): every group's score was zero or below the "
                 "threshold, so the policy gets no signal (collapsed, or the task is too hard or too easy). Set "
                 "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
                 "rollout_filter_empty_stop_steps."
@@ -77,7 +77,7 @@ class EmptySteps(TrainerCallback):
                 f"({self.envs}) or raise max_empty_steps."
             )
         metrics = {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
-        if args.skip_zero_advantage_steps:
+        if settings.skip_zero_advantage_steps:
             metrics["rollout/zero_advantage_step"] = float(self.zero_advantage)
         return metrics
 
