@@ -139,7 +139,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
     def _build_monitoring(self, args: StarPOConfig, zero3: bool, shaping: bool) -> None:
         """The empty-step callback, the collapse guard and the step log, each with its own settings."""
         self.empty_steps = EmptySteps.of(args, lambda: self.model.parameters())
-        self.guard = build_guard(GuardSettings.of(args), zero3, self.save_model, self.critic)
+        envs = [env.name for env in args.train_envs()]
+        self.guard = build_guard(GuardSettings.of(args), envs, zero3, self.save_model, self.critic)
         for callback in [self.empty_steps] + ([self.guard] if self.guard is not None else []):
             self.add_callback(callback)
         named = args.train_envs() + args.eval_envs()

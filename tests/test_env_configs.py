@@ -103,7 +103,7 @@ def test_config_checks_env_configs(tmp_path):
     with pytest.raises(ValueError, match="Known starpo envs"):
         make_args(tmp_path, env_id=None, env_configs=[BANDIT, {"env_id": "starpo/Nope-v0"}])
     args = make_args(tmp_path, env_id=None, env_configs=[BANDIT, LAKE])
-    assert args.env_id == "starpo/Bandit-v0"  # the first env: what the collapse guard watches
+    assert args.env_id == "starpo/Bandit-v0"  # the first env (the guard watches every env: test_guard.py)
     assert [c.name for c in args.eval_envs()] == ["Bandit-v0", "FrozenLake-v0"]  # default: every training env
     # the quota: top half of each env's 2 groups is 1 group each -> 2 groups x 4 rows, as the layout check expects
     assert args.fixed_kept_groups() == 2

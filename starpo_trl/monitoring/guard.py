@@ -11,7 +11,8 @@ streams); ``CollapseGuard`` is the Trainer callback that feeds it every log and 
 
 Rules (each on a smoothed series; "early level" = mean of the first ``warmup_steps`` values):
 
-- ``reward_std``: in-group reward std below ``reward_std_fraction`` x its early level;
+- ``reward_std``: in-group reward std below ``reward_std_fraction`` x its early level; watched for
+  each training env on its own (a run with several envs names the rule ``reward_std/<env name>``);
 - ``entropy``: policy entropy below ``entropy_fraction`` x its early level;
 - ``grad_norm``: a raw grad norm above ``grad_norm_spike`` x its running (smoothed) mean;
 - ``diversity``: distinct-2 of the think texts below ``diversity_fraction`` x its early level or
@@ -32,12 +33,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainerCallback
 
-from envs.contract import env_name
 from starpo_trl.monitoring import keys
 from starpo_trl.monitoring.settings import GUARD_ACTIONS, GuardSettings
 
@@ -52,8 +53,9 @@ class _Series:
 class CollapseMonitor:
     """Pure rule engine. ``update(step, values)`` returns the rules that fire at this log.
 
-    ``values`` maps a signal (``reward_std``, ``entropy``, ``grad_norm``, ``diversity``) to its raw
-    value at this log; missing or non-finite signals are skipped.
+    ``values`` maps a signal to its raw value at this log; missing or non-finite signals are skipped. A
+    signal is one of ``SIGNALS`` or one of them with a qualifier (``reward_std/FrozenLake-v1``): the
+    qualified series follows the rules of its kind, with its own early level, smoothing and patience.
     """
 
     SIGNALS = ("reward_std", "entropy", "grad_norm", "diversity", "retrieval")
@@ -63,10 +65,20 @@ class CollapseMonitor:
         self.series = {name: _Series() for name in self.SIGNALS}
         self.fired: set[str] = set()
 
+    @classmethod
+    def kind(cls, name: str) -> str:
+        """The rule a signal follows: its name up to the first ``/``."""
+        kind = name.split("/", 1)[0]
+        if kind not in cls.SIGNALS:
+            raise ValueError(
+                f"unknown guard signal {name!r}: give one of {cls.SIGNALS}, optionally as <signal>/<qualifier>"
+            )
+        return kind
+
     def _warmup(self, name: str) -> int:
         return (
             self.rules.collapse_guard_retrieval_warmup
-            if name == "retrieval"
+            if self.kind(name) == "retrieval"
             else self.rules.collapse_guard_warmup_steps
         )
 
@@ -78,20 +90,20 @@ class CollapseMonitor:
         """The level a falling signal's smoothed series must drop below for its rule to hold: its fraction of
         the early level (``diversity``: or the absolute floor). None for ``grad_norm`` (a spike rule), before
         the early level is known, and where it is not positive."""
-        r, early = self.rules, self.early_level(name)
-        if name == "grad_norm" or early is None:
+        r, early, kind = self.rules, self.early_level(name), self.kind(name)
+        if kind == "grad_norm" or early is None:
             return None
-        if name == "diversity":
+        if kind == "diversity":
             return max(r.collapse_guard_diversity_floor, r.collapse_guard_diversity_fraction * early)
         fraction = {
             "reward_std": r.collapse_guard_reward_std_fraction,
             "retrieval": r.collapse_guard_retrieval_fraction,
-        }.get(name, r.collapse_guard_entropy_fraction)
+        }.get(kind, r.collapse_guard_entropy_fraction)
         return fraction * early if early > 0 else None
 
     def _holds(self, name: str, value: float, previous_ema: float | None) -> bool:
         r, s = self.rules, self.series[name]
-        if name == "grad_norm":  # a spike against the running mean of the values before it
+        if self.kind(name) == "grad_norm":  # a spike against the running mean of the values before it
             return (
                 previous_ema is not None
                 and len(s.early) >= r.collapse_guard_warmup_steps
@@ -100,13 +112,18 @@ class CollapseMonitor:
         threshold = self.threshold(name)
         return threshold is not None and s.ema < threshold
 
+    def _order(self, values: dict[str, float]) -> list[str]:
+        """The signals of this log in a fixed order: by kind as in ``SIGNALS``, then as given."""
+        kinds = {name: self.SIGNALS.index(self.kind(name)) for name in values}
+        return sorted(values, key=kinds.__getitem__)
+
     def update(self, step: int, values: dict[str, float]) -> list[str]:
         fired = []
-        for name in self.SIGNALS:
-            value = values.get(name)
+        for name in self._order(values):
+            value = values[name]
             if value is None or not math.isfinite(value):
                 continue
-            s = self.series[name]
+            s = self.series.setdefault(name, _Series())
             previous = s.ema
             s.ema = (
                 value
@@ -117,7 +134,7 @@ class CollapseMonitor:
                 s.early.append(value)
                 continue
             s.below = s.below + 1 if self._holds(name, value, previous) else 0
-            if name == "grad_norm" and s.below and previous is not None:
+            if self.kind(name) == "grad_norm" and s.below and previous is not None:
                 s.ema = previous  # a spike does not raise the running mean it is judged against
             if s.below >= self.rules.collapse_guard_patience and name not in self.fired:
                 self.fired.add(name)
@@ -132,10 +149,16 @@ class CollapseMonitor:
         return {n: {"ema": s.ema, "early": self.early_level(n)} for n, s in self.series.items()}
 
 
-def signals_from_logs(logs: dict, env_name: str) -> dict[str, float]:
-    """The guard's signals from one Trainer log row."""
+def signals_from_logs(logs: dict, envs: str | Sequence[str]) -> dict[str, float]:
+    """The guard's signals from one Trainer log row. ``envs``: the training envs' metric names (the
+    ``env/<name>/`` of their keys); with one env its in-group reward std is ``reward_std``, with several
+    each env's is ``reward_std/<name>``."""
+    envs = [envs] if isinstance(envs, str) else list(envs)
+    if not envs:
+        raise ValueError("signals_from_logs needs the training envs' metric names (at least one)")
+    stds = {"reward_std": envs[0]} if len(envs) == 1 else {f"reward_std/{env}": env for env in envs}
     logged = {
-        "reward_std": keys.GROUP_REWARD_STD.format(env=env_name),
+        **{name: keys.GROUP_REWARD_STD.format(env=env) for name, env in stds.items()},
         "entropy": keys.ENTROPY,
         "grad_norm": keys.GRAD_NORM,
         "diversity": keys.DISTINCT_2,
@@ -154,15 +177,29 @@ class CollapseGuard(TrainerCallback):
     logs; that snapshot is the "last healthy" state that ``stop`` saves and ``rollback`` restores.
     """
 
-    def __init__(self, action: str, rules: GuardSettings, snapshot_steps: int = 5, save_model=None, critic=None):
-        """``save_model(path)`` writes the model (the trainer's ``save_model``; needed by ``stop`` and
+    def __init__(
+        self,
+        action: str,
+        rules: GuardSettings,
+        envs: Sequence[str],
+        snapshot_steps: int = 5,
+        save_model=None,
+        critic=None,
+    ):
+        """``envs``: the training envs' metric names, whose in-group reward std it watches (each on its own);
+        ``save_model(path)`` writes the model (the trainer's ``save_model``; needed by ``stop`` and
         ``rollback``); ``critic`` (optional) is snapshotted with the policy. The policy itself, the
-        run's settings and its state come with every callback call."""
+        run's output settings and its state come with every callback call."""
         if action not in GUARD_ACTIONS:
             raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {action!r}")
         if action in ("stop", "rollback") and save_model is None:
             raise ValueError(f"collapse_guard={action!r} saves the last healthy weights: give save_model.")
+        if isinstance(envs, str) or not envs:
+            raise ValueError(
+                f"CollapseGuard watches the training envs: give their metric names as a list, got {envs!r}"
+            )
         self.action = action
+        self.envs = list(envs)
         self.monitor = CollapseMonitor(rules)
         self.snapshot_steps = snapshot_steps
         self.save_model = save_model
@@ -209,7 +246,7 @@ class CollapseGuard(TrainerCallback):
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not logs or "loss" not in logs and "grad_norm" not in logs:
             return control  # an evaluation or end-of-training log
-        values = signals_from_logs(logs, env_name(args.env_id))
+        values = signals_from_logs(logs, self.envs)
         fired = self.monitor.update(state.global_step, values)
         if fired:
             event = {
@@ -248,9 +285,12 @@ class CollapseGuard(TrainerCallback):
                 json.dump(self.events, f, indent=2, default=float)
 
 
-def build_guard(args: GuardSettings, weights_sharded: bool, save_model, critic=None) -> CollapseGuard | None:
-    """The guard the settings ask for (None for ``collapse_guard='off'``). ``stop`` / ``rollback``
-    keep a copy of the weights, refused where ZeRO-3 shards them (``weights_sharded``)."""
+def build_guard(
+    args: GuardSettings, envs: Sequence[str], weights_sharded: bool, save_model, critic=None
+) -> CollapseGuard | None:
+    """The guard the settings ask for (None for ``collapse_guard='off'``), watching the training envs
+    ``envs`` (their metric names). ``stop`` / ``rollback`` keep a copy of the weights, refused where
+    ZeRO-3 shards them (``weights_sharded``)."""
     if args.collapse_guard == "off":
         return None
     if args.collapse_guard in ("stop", "rollback") and weights_sharded:
@@ -261,6 +301,7 @@ def build_guard(args: GuardSettings, weights_sharded: bool, save_model, critic=N
     return CollapseGuard(
         args.collapse_guard,
         GuardSettings.of(args),
+        envs,
         args.collapse_guard_snapshot_steps,
         save_model=save_model,
         critic=critic,

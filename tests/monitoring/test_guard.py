@@ -9,7 +9,7 @@ from helpers import make_args
 from safetensors.torch import load_file
 
 from starpo_trl import MultiTurnStarPOTrainer
-from starpo_trl.monitoring.guard import CollapseMonitor
+from starpo_trl.monitoring.guard import CollapseGuard, CollapseMonitor, signals_from_logs
 from starpo_trl.monitoring.settings import GuardSettings
 
 
@@ -205,3 +205,72 @@ def test_guard_config_errors(tmp_path):
         make_args(tmp_path, collapse_guard="panic")
     with pytest.raises(ValueError, match="collapse_guard_smoothing"):
         make_args(tmp_path, collapse_guard_smoothing=0.0)
+
+
+def test_each_env_has_its_own_reward_std_series():
+    """A run with several envs watches each env's in-group reward std on its own: one env collapsing fires
+    its rule (by hand: early level 1.0, threshold 0.25) while the other, whose std never falls, stays quiet,
+    and their early levels are not mixed (the mean of both would be 0.55 and never fall below 0.1375)."""
+    rules = GuardSettings(
+        collapse_guard_warmup_steps=2,
+        collapse_guard_smoothing=1.0,
+        collapse_guard_reward_std_fraction=0.25,
+        collapse_guard_patience=1,
+    )
+    monitor = CollapseMonitor(rules)
+    lake = [1.0, 1.0, 0.5, 0.2, 0.2]
+    bandit = [0.1, 0.1, 0.1, 0.1, 0.1]
+    fired = [
+        monitor.update(step, {"reward_std/Bandit-v0": b, "reward_std/FrozenLake-v0": f})
+        for step, (b, f) in enumerate(zip(bandit, lake), start=1)
+    ]
+    assert fired == [[], [], [], ["reward_std/FrozenLake-v0"], []]
+    assert monitor.early_level("reward_std/Bandit-v0") == pytest.approx(0.1)
+    assert monitor.threshold("reward_std/FrozenLake-v0") == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="unknown guard signal"):
+        monitor.update(6, {"reward/Bandit-v0": 0.1})
+
+
+def test_signals_from_logs_names_one_env_plainly_and_several_by_env():
+    row = {
+        "loss": 0.0,
+        "entropy": 1.5,
+        "env/Bandit-v0/group_reward_std_mean": 0.3,
+        "env/lake-4x4/group_reward_std_mean": 0.7,
+    }
+    assert signals_from_logs(row, "Bandit-v0") == {"reward_std": 0.3, "entropy": 1.5}
+    assert signals_from_logs(row, ["lake-4x4"]) == {"reward_std": 0.7, "entropy": 1.5}
+    assert signals_from_logs(row, ["Bandit-v0", "lake-4x4"]) == {
+        "reward_std/Bandit-v0": 0.3,
+        "reward_std/lake-4x4": 0.7,
+        "entropy": 1.5,
+    }
+    with pytest.raises(ValueError, match="at least one"):
+        signals_from_logs(row, [])
+    with pytest.raises(ValueError, match="as a list"):
+        CollapseGuard("warn", GuardSettings(), "Bandit-v0")
+
+
+def test_a_multi_env_trainer_guard_watches_every_training_env_by_its_metric_name(
+    tmp_path, tiny_tokenizer, fresh_model
+):
+    """Under env_configs the guard watches each training env under the name its metrics are logged with (a
+    config's own ``name`` too), not only the first env (``env_id``), and warns for the env that collapses."""
+    args = make_args(
+        tmp_path,
+        env_id=None,
+        env_configs=[{"env_id": "starpo/Bandit-v0"}, {"env_id": "starpo/FrozenLake-v0", "name": "lake"}],
+        collapse_guard="warn",
+        collapse_guard_warmup_steps=2,
+        collapse_guard_patience=1,
+        collapse_guard_smoothing=1.0,
+    )
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
+    guard, state, control = trainer.guard, trainer.state, trainer.control
+    assert guard.envs == ["Bandit-v0", "lake"]
+    for step, lake_std in enumerate([1.0, 1.0, 0.9, 0.1], start=1):
+        state.global_step = step
+        logs = {"loss": 0.0, "env/Bandit-v0/group_reward_std_mean": 0.5, "env/lake/group_reward_std_mean": lake_std}
+        guard.on_log(args, state, control, logs=logs, model=trainer.model)
+    assert [event["rules"] for event in guard.events] == [["reward_std/lake"]]
+    assert guard.events[0]["step"] == 4 and not control.should_training_stop
