@@ -24,6 +24,7 @@ import torch
 
 from starpo_trl.algorithms.filters import best_groups
 from starpo_trl.algorithms.scoring import episode_reward_tensor, filter_groups, filter_scores
+from starpo_trl.algorithms.settings import ScoringSettings
 from starpo_trl.env_configs import EnvConfig, process_starts
 from starpo_trl.rollout.batch import episode_filter_values
 
@@ -116,31 +117,63 @@ def refill(
     return Refilled(episodes, torch.sort(kept).values, envs, rounds, target)
 
 
-def round_filter(args, group_size: int) -> Callable[[list, list[int]], tuple[torch.Tensor, torch.Tensor, bool]]:
+def round_filter(
+    settings: ScoringSettings, group_size: int
+) -> Callable[[list, list[int]], tuple[torch.Tensor, torch.Tensor, bool]]:
     """``refill``'s ``select``: one round's gathered episodes -> the groups the ``rollout_filter_*`` settings
-    of ``args`` keep (no trimming for processes), every group's score, and whether the largest are best."""
+    keep (no trimming for processes), every group's score, and whether the largest are best."""
 
     def select(episodes: list, group_env: list[int]):
         failed = torch.tensor([ep.env_error is not None for ep in episodes])
-        rewards = episode_reward_tensor([ep.reward for ep in episodes], failed, args)
-        values = episode_filter_values(episodes, args.rollout_filter_metric)
+        rewards = episode_reward_tensor([ep.reward for ep in episodes], failed, settings)
+        values = episode_filter_values(episodes, settings.rollout_filter_metric)
         values = [None if v is None else torch.tensor(v, dtype=torch.float32) for v in values]
-        kept = filter_groups(rewards, group_size, args, *values, group_env=group_env)
-        return (kept, *filter_scores(rewards, group_size, args, *values))
+        kept = filter_groups(rewards, group_size, settings, *values, group_env=group_env)
+        return (kept, *filter_scores(rewards, group_size, settings, *values))
 
     return select
 
 
 class Refiller:
-    """The trainer's refill: ``play(starts)`` plays (and scores with the reward functions) this process's
-    start states, ``gather(episodes)`` returns every process's in process order; ``group_envs`` is the env of
-    each of a step's groups and ``group_env`` its index among the training envs; a group holds
-    ``args.num_generations`` episodes. Every process calls it with the same gathered first round."""
+    """The trainer's refill, with its settings read once: ``scoring`` (the filter's and the rewards' settings,
+    ``rollout_filter_max_rounds``), ``group_size`` episodes per group, ``target`` kept groups aimed at,
+    ``seeds`` the fresh training seeds. ``play(starts)`` plays (and scores with the reward functions) this
+    process's start states, ``gather(episodes)`` returns every process's in process order; ``group_envs`` is the
+    env of each of a step's groups and ``group_env`` its index among the training envs. Every process calls it
+    with the same gathered first round."""
 
-    def __init__(self, args, group_envs: list[EnvConfig], group_env: list[int], play, gather, accelerator):
-        self.args, self.group_envs, self.group_env, self.group_size = args, group_envs, group_env, args.num_generations
+    def __init__(
+        self,
+        scoring: ScoringSettings,
+        group_size: int,
+        target: int,
+        seeds: FreshSeeds,
+        group_envs: list[EnvConfig],
+        group_env: list[int],
+        play,
+        gather,
+        accelerator,
+    ):
+        self.settings, self.group_size, self.target, self.seeds = scoring, group_size, target, seeds
+        self.group_envs, self.group_env = group_envs, group_env
         self.play, self.gather, self.accelerator = play, gather, accelerator
-        self.seeds = FreshSeeds(args.train_seeds(), args.seed)
+
+    @classmethod
+    def of(cls, config, group_envs: list[EnvConfig], group_env: list[int], play, gather, accelerator) -> Refiller:
+        """Read from a ``StarPOConfig``: its scoring settings, ``num_generations``, ``refill_groups()`` and its
+        training seeds (``train_seeds()``, drawn with ``seed``)."""
+        seeds = FreshSeeds(config.train_seeds(), config.seed)
+        return cls(
+            ScoringSettings.of(config),
+            config.num_generations,
+            config.refill_groups(),
+            seeds,
+            group_envs,
+            group_env,
+            play,
+            gather,
+            accelerator,
+        )
 
     def __call__(self, episodes: list, step: int, timings: dict[str, float]) -> tuple[Refilled, dict[str, float]]:
         """The refilled batch of training step ``step`` (``timings`` gain the extra rounds' seconds), and its metrics."""
@@ -157,8 +190,8 @@ class Refiller:
                 timings[key] = timings.get(key, 0.0) + seconds
             return self.gather(list(more))
 
-        target, rounds = self.args.refill_groups(), self.args.rollout_filter_max_rounds
-        refilled = refill(episodes, self.group_env, g, target, rounds, n, round_filter(self.args, g), play_round)
+        rounds, select = self.settings.rollout_filter_max_rounds, round_filter(self.settings, g)
+        refilled = refill(episodes, self.group_env, g, self.target, rounds, n, select, play_round)
         return refilled, refill_metrics(refilled, g)
 
 

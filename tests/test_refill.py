@@ -312,3 +312,42 @@ def test_a_refilled_step_trains_with_per_turn_credit_a_critic_a_window_and_sever
         assert step["kept"] == top(stds, 2)
     (logged,) = [r for r in trainer.state.log_history if "rollout/refill_rounds" in r]
     assert logged["rollout/refill_rounds"] == 2.0 and logged["rollout/groups_generated_per_kept"] == 4.0
+
+
+def test_the_refiller_reads_its_settings_once_and_needs_no_config():
+    """Built from ``ScoringSettings`` and plain numbers (no StarPOConfig): the first round's two groups earn the
+    same reward within each group, so the filter (``include_zero=False``) keeps none; a second round plays two
+    seeds never played (drawn from the training range given) and keeps both of its groups, which have spread;
+    the target (2) is met after 2 of the 3 rounds allowed, and the round's seconds add to the step's."""
+    from types import SimpleNamespace
+
+    from starpo_trl.algorithms.settings import ScoringSettings
+    from starpo_trl.env_configs import EnvConfig
+    from starpo_trl.refill import Refiller
+
+    settings = ScoringSettings(
+        rollout_filter_include_zero=False,
+        rollout_filter_ratio=1.0,
+        rollout_filter_max_rounds=3,
+        env_failure_reward=0.0,
+    )
+    bandit = EnvConfig("starpo/Bandit-v0", {}, None, "Bandit-v0")
+    played = []
+
+    class Played(list):
+        timings = {"rollout/generate_seconds": 1.5}
+
+    def play(starts):
+        played.append([s.seed for s in starts])
+        return Played(_episode(s.seed, float(i % 2)) for i, s in enumerate(starts))  # rewards 0, 1 in each group
+
+    accelerator = SimpleNamespace(num_processes=1, process_index=0)
+    refiller = Refiller(settings, 2, 2, FreshSeeds(range(10), seed=0), [bandit] * 2, [0, 0], play, list, accelerator)
+    first = [_episode(0, 1.0), _episode(0, 1.0), _episode(1, 0.0), _episode(1, 0.0)]
+    timings = {"rollout/generate_seconds": 2.0}
+    refilled, metrics = refiller(first, step=0, timings=timings)
+    assert refilled.kept_groups.tolist() == [2, 3] and refilled.rounds == 2 and len(played) == 1
+    new = sorted(set(played[0]))
+    assert len(new) == 2 and not set(new) & {0, 1} and all(0 <= s < 10 for s in new)
+    assert timings == {"rollout/generate_seconds": 3.5}
+    assert metrics["rollout/refill_rounds"] == 2.0 and metrics["rollout/refill_short"] == 0.0
