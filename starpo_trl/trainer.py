@@ -118,7 +118,9 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
         )
         refill = args.rollout_filter_refill  # more rounds when the filter keeps too few groups (starpo_trl.refill)
         play, gather, accel = self._play_and_reward, self._gather_episodes, self.accelerator
-        self.refiller = Refiller.of(args, self.group_envs, self.group_env_index, play, gather, accel) if refill else None
+        self.refiller = (
+            Refiller.of(args, self.group_envs, self.group_env_index, play, gather, accel) if refill else None
+        )
 
     def _build_critic(self, args: StarPOConfig, policy, value_model) -> None:
         """The critic the estimator needs (None for one that needs none), held as the policy is, and the settings

@@ -367,3 +367,26 @@ def test_the_model_card_lists_every_eval_env_and_marks_pooled_rows(tmp_path):
         )
     )
     assert "- evaluation env: `starpo/BanditTest-v0`" in one and "| success | 0.5 |" in one
+    assert "- train env: `starpo/Bandit-v0`, kwargs `{}`" in one and "# Bandit-v0 agent" in one
+
+
+def test_the_model_card_of_a_multi_env_run_names_every_training_env(tmp_path):
+    """Under env_configs the card names each training env with its own kwargs and group share (env_id and
+    env_kwargs then hold only the first env and the top-level kwargs), and tags every env."""
+    from helpers import make_args
+
+    from starpo_trl.monitoring.model_card import render_model_card
+
+    configs = [
+        {"env_id": "starpo/Bandit-v0", "n_groups": 1},
+        {"env_id": "starpo/FrozenLake-v0", "env_kwargs": {"size": 4}, "n_groups": 3},
+    ]
+    args = make_args(tmp_path, env_id=None, env_configs=configs)
+    card = str(render_model_card(args, None, {}))
+    assert (
+        "- train envs: `starpo/Bandit-v0`, kwargs `{}`, n_groups 1; "
+        "`starpo/FrozenLake-v0`, kwargs `{'size': 4}`, n_groups 3" in card
+    )
+    assert "# Bandit-v0 + FrozenLake-v0 agent" in card
+    assert "A multi-turn agent for `starpo/Bandit-v0`, `starpo/FrozenLake-v0`" in card
+    assert "- FrozenLake-v0" in card  # a tag in the card's YAML header

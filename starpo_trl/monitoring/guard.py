@@ -286,23 +286,23 @@ class CollapseGuard(TrainerCallback):
 
 
 def build_guard(
-    args: GuardSettings, envs: Sequence[str], weights_sharded: bool, save_model, critic=None
+    settings: GuardSettings, envs: Sequence[str], weights_sharded: bool, save_model, critic=None
 ) -> CollapseGuard | None:
     """The guard the settings ask for (None for ``collapse_guard='off'``), watching the training envs
     ``envs`` (their metric names). ``stop`` / ``rollback`` keep a copy of the weights, refused where
     ZeRO-3 shards them (``weights_sharded``)."""
-    if args.collapse_guard == "off":
+    if settings.collapse_guard == "off":
         return None
-    if args.collapse_guard in ("stop", "rollback") and weights_sharded:
+    if settings.collapse_guard in ("stop", "rollback") and weights_sharded:
         raise ValueError(
             "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use "
             "collapse_guard='warn' or ZeRO-2."
         )
     return CollapseGuard(
-        args.collapse_guard,
-        GuardSettings.of(args),
+        settings.collapse_guard,
+        settings,
         envs,
-        args.collapse_guard_snapshot_steps,
+        settings.collapse_guard_snapshot_steps,
         save_model=save_model,
         critic=critic,
     )

@@ -93,12 +93,13 @@ def render_model_card(
     """A ``huggingface_hub.ModelCard`` for a model trained with ``MultiTurnStarPOTrainer`` and ``args``
     (``adapter``: the saved weights are a PEFT adapter on ``base_model``). Longer than 60 lines on purpose:
     the card's text as one template, read top to bottom."""
-    env = env_name(args.env_id)
+    trained = args.train_envs()
+    ids = list(dict.fromkeys(e.env_id for e in trained))  # each env id once, in order
     data = ModelCardData(
         base_model=base_model,
         library_name="peft" if adapter else "transformers",
         pipeline_tag="text-generation",
-        tags=["starpo-trl", "trl", "reinforcement-learning", "multi-turn", "agent", env],
+        tags=["starpo-trl", "trl", "reinforcement-learning", "multi-turn", "agent"] + [env_name(i) for i in ids],
     )
     settings = "\n".join(
         f"| {label} | `{_fmt(getattr(args, name))}` |" for name, label in SETTINGS if hasattr(args, name)
@@ -107,6 +108,13 @@ def render_model_card(
     episode = "\n".join(
         f"| `{name}` | `{_fmt(value)}` | {helps[name]} |" for name, value in RolloutSettings.of(args).values().items()
     )
+    if len(trained) == 1:
+        train_line = f"- train env: `{trained[0].env_id}`, kwargs `{trained[0].env_kwargs}`"
+    else:
+        train_line = "- train envs: " + "; ".join(
+            f"`{e.env_id}`, kwargs `{e.env_kwargs}`" + (f", n_groups {e.n_groups}" if e.n_groups else "")
+            for e in trained
+        )
     held_out = args.eval_envs()
     if len(held_out) == 1:
         eval_line = f"- evaluation env: `{held_out[0].env_id}`, kwargs `{held_out[0].env_kwargs}`"
@@ -119,15 +127,16 @@ def render_model_card(
         data.to_yaml(),
         "---",
         "",
-        f"# {model_id or env + ' agent'}",
+        f"# {model_id or ' + '.join(env_name(i) for i in ids) + ' agent'}",
         "",
-        f"A multi-turn agent for `{args.env_id}`"
+        "A multi-turn agent for "
+        + ", ".join(f"`{i}`" for i in ids)
         + (f", trained from [{base_model}](https://huggingface.co/{base_model})" if base_model else "")
         + " with StarPO (the multi-turn RL method of RAGEN) using `MultiTurnStarPOTrainer` from starpo-trl, on TRL's `GRPOTrainer`.",
         "",
         "## Environment",
         "",
-        f"- train env: `{args.env_id}`, kwargs `{args.env_kwargs}`",
+        train_line,
         f"{eval_line}; {args.num_eval_episodes} held-out seeds from "
         f"{args.eval_seed_offset}, temperature {args.eval_temperature}",
         "",
