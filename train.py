@@ -20,7 +20,6 @@ import time
 import torch
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from envs.contract import env_name
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
 from starpo_trl.algorithms import critic_estimators, get_estimator
 from starpo_trl.checkpoints import save_model_extras
@@ -169,14 +168,15 @@ def write_outputs(trainer, run_args: RunArguments, args: StarPOConfig, result: d
     """``report.json``, ``curves.png`` and ``dashboard.png`` in ``output_dir``; the result appended to ``report_path``."""
     with open(os.path.join(args.output_dir, "report.json"), "w") as f:
         json.dump({**result, "wall_seconds": round(wall, 1), "log_history": trainer.state.log_history}, f, indent=2)
-    name = env_name(args.env_id)
-    plot_curves(trainer.state.log_history, name, os.path.join(args.output_dir, "curves.png"), title=args.env_id)
+    envs = [env.name for env in args.train_envs()]  # the names their metrics are logged under
+    title = ", ".join(dict.fromkeys(env.env_id for env in args.train_envs()))
+    plot_curves(trainer.state.log_history, envs, os.path.join(args.output_dir, "curves.png"), title=title)
     plot_dashboard(
         trainer.state.log_history,
         os.path.join(args.output_dir, "dashboard.png"),
-        name,
+        envs,
         result["guard_events"],
-        title=args.env_id,
+        title=title,
     )
     if run_args.report_path:
         append_report(run_args.report_path, result, wall)

@@ -107,13 +107,15 @@ def main(argv: list[str] | None = None) -> str:
     plot.add_argument("run_dir")
     plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)
-    from starpo_trl.monitoring.plotting import plot_dashboard
+    from starpo_trl.monitoring.plotting import env_names_from_history, plot_dashboard
 
     history, events, name = load_run(args.run_dir)
+    # the training envs the history logs (report.json's env_id is the held-out env, which training may not play)
+    envs = env_names_from_history(history) or ([name] if name else None)
     out = plot_dashboard(
         history,
         args.out or os.path.join(args.run_dir, "dashboard.png"),
-        name,
+        envs,
         events,
         title=os.path.basename(os.path.normpath(args.run_dir)),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -15,21 +17,53 @@ def series(log_history: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [r[0] for r in rows], [float(r[1]) for r in rows]
 
 
-def plot_curves(log_history: list[dict], env_name: str, path: str, title: str = "") -> str:
-    panels = [
-        (keys.SUCCESS.format(env=env_name), "train success"),
-        (keys.FORMAT_ERROR_RATE.format(env=env_name), "format-error rate (per turn)"),
-        (keys.GROUP_REWARD_STD.format(env=env_name), "in-group reward std (mean)"),
-        (keys.ENTROPY, "policy entropy"),
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
-    for ax, (key, label) in zip(axes, panels):
-        steps, values = series(log_history, key)
-        ax.plot(steps, values, marker=".")
-        ax.set_title(label)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(title or env_name)
+def panel_lines(
+    log_history: list[dict], panel_keys: Sequence[str], envs: Sequence[str]
+) -> list[tuple[str, list[int], list[float]]]:
+    """The lines a panel draws, as (label, steps, values): one per key, and for a per-env key (``{env}`` in it)
+    one per training env. Labelled by the key's last part, with the env's name in front when there are several
+    envs; keys never logged draw nothing."""
+    lines = []
+    for key in panel_keys:
+        for env in envs if "{env}" in key else [None]:
+            steps, values = series(log_history, key.format(env=env) if env else key)
+            if steps:
+                tail = key.split("/")[-1]
+                label = tail if env is None or len(envs) == 1 else (env if len(panel_keys) == 1 else f"{env} {tail}")
+                lines.append((label, steps, values))
+    return lines
+
+
+def _draw(ax, lines, label: str) -> None:
+    for name, steps, values in lines:
+        ax.plot(steps, values, marker=".", label=name)
+    if len(lines) > 1:
+        ax.legend(fontsize=7)
+    ax.set_title(label)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+
+
+def _env_list(envs: str | Sequence[str]) -> list[str]:
+    return [envs] if isinstance(envs, str) else list(envs)
+
+
+CURVE_PANELS = (
+    ([keys.SUCCESS], "train success"),
+    ([keys.FORMAT_ERROR_RATE], "format-error rate (per turn)"),
+    ([keys.GROUP_REWARD_STD], "in-group reward std (mean)"),
+    ([keys.ENTROPY], "policy entropy"),
+)
+
+
+def plot_curves(log_history: list[dict], envs: str | Sequence[str], path: str, title: str = "") -> str:
+    """One PNG of the training curves: success, format errors and in-group reward std of each training env
+    (``envs``: their metric names), and the policy entropy."""
+    envs = _env_list(envs)
+    fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(4 * len(CURVE_PANELS), 3.2))
+    for ax, (panel_keys, label) in zip(axes, CURVE_PANELS):
+        _draw(ax, panel_lines(log_history, panel_keys, envs), label)
+    fig.suptitle(title or ", ".join(envs))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -57,21 +91,28 @@ def dashboard_panels(log_history: list[dict]) -> tuple:
     return DASHBOARD_PANELS
 
 
-def env_name_from_history(log_history: list[dict]) -> str | None:
+def env_names_from_history(log_history: list[dict]) -> list[str]:
+    """The envs whose training success the history logs, in the order they first appear."""
     prefix, suffix = keys.SUCCESS.split("{env}")
+    names = {}
     for row in log_history:
         for key in row:
             if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix) + len(suffix):
-                return key[len(prefix) : -len(suffix)]
-    return None
+                names.setdefault(key[len(prefix) : -len(suffix)])
+    return list(names)
 
 
 def plot_dashboard(
-    log_history: list[dict], path: str, env_name: str | None = None, events: list[dict] | None = None, title: str = ""
+    log_history: list[dict],
+    path: str,
+    envs: str | Sequence[str] | None = None,
+    events: list[dict] | None = None,
+    title: str = "",
 ) -> str:
-    """One PNG: success, in-group reward std, entropy, grad norm, diversity and (when logged) the MI pass's
-    retrieval accuracy against chance and I(X;Z); guard events as red lines."""
-    env_name = env_name or env_name_from_history(log_history) or "env"
+    """One PNG: success and in-group reward std of each training env (``envs``: their metric names; default:
+    every env the history logs), entropy, grad norm, diversity and (when logged) the MI pass's retrieval
+    accuracy against chance and I(X;Z); guard events as red lines."""
+    envs = _env_list(envs) if envs else env_names_from_history(log_history) or ["env"]
     if events is None:
         events = [
             {"step": row["step"], "rules": str(row.get("guard/rules", "")).split(",")}
@@ -81,17 +122,9 @@ def plot_dashboard(
     panels = dashboard_panels(log_history)
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2))
     for ax, (_, panel_keys, label) in zip(axes, panels):
-        for key in panel_keys:
-            steps, values = series(log_history, key.format(env=env_name))
-            if steps:
-                ax.plot(steps, values, marker=".", label=key.split("/")[-1])
+        _draw(ax, panel_lines(log_history, panel_keys, envs), label)
         for event in events:
             ax.axvline(event["step"], color="red", linestyle="--", alpha=0.7)
-        if len(panel_keys) > 1:
-            ax.legend(fontsize=7)
-        ax.set_title(label)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
     if events:
         first = events[0]
         axes[0].annotate(
@@ -101,7 +134,7 @@ def plot_dashboard(
             color="red",
             fontsize=7,
         )
-    fig.suptitle(title or env_name)
+    fig.suptitle(title or ", ".join(envs))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

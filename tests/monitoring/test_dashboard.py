@@ -89,3 +89,43 @@ def test_the_mi_panel_appears_only_when_the_run_logged_the_mi_pass(tmp_path):
     from PIL import Image
 
     assert Image.open(with_mi).width > Image.open(without).width  # one more panel
+
+
+def test_each_training_env_gets_its_own_line_labelled_by_name():
+    """A multi-env run's per-env panels draw one line per env, labelled by its name; a panel of several keys
+    labels each key (and the env too when there are several); keys never logged draw nothing."""
+    from starpo_trl.monitoring.plotting import env_names_from_history, panel_lines
+
+    rows = [
+        {"step": 1, "entropy": 2.0, "env/Bandit-v0/success": 0.5, "env/lake/success": 0.1},
+        {"step": 2, "entropy": 1.9, "env/Bandit-v0/success": 0.75, "env/lake/success": None},
+        {"step": 3, "env/lake/success": 0.3, "env/lake/format_error_rate": 0.2},
+    ]
+    assert env_names_from_history(rows) == ["Bandit-v0", "lake"]
+    two = ["Bandit-v0", "lake"]
+    assert panel_lines(rows, ["env/{env}/success"], two) == [
+        ("Bandit-v0", [1, 2], [0.5, 0.75]),
+        ("lake", [1, 3], [0.1, 0.3]),
+    ]
+    assert panel_lines(rows, ["env/{env}/success"], ["lake"]) == [("success", [1, 3], [0.1, 0.3])]
+    assert panel_lines(rows, ["entropy"], two) == [("entropy", [1, 2], [2.0, 1.9])]
+    assert panel_lines(rows, ["env/{env}/success", "env/{env}/format_error_rate"], two) == [
+        ("Bandit-v0 success", [1, 2], [0.5, 0.75]),
+        ("lake success", [1, 3], [0.1, 0.3]),
+        ("lake format_error_rate", [3], [0.2]),
+    ]
+    assert panel_lines(rows, ["reasoning/distinct_2"], two) == []
+
+
+def test_the_dashboard_cli_plots_the_envs_training_logged_not_the_held_out_one(tmp_path, monkeypatch):
+    """report.json's env_id is the held-out env (BanditTest-v0 for a Bandit run), whose key training never logs:
+    the CLI draws the training envs the history holds."""
+    import starpo_trl.monitoring.plotting as plotting
+
+    seen = {}
+    monkeypatch.setattr(plotting, "plot_dashboard", lambda history, path, envs, *a, **k: seen.setdefault("envs", envs))
+    rows = [{"step": 1, "loss": 0.0, "env/Bandit-v0/success": 0.5, "env/FrozenLake-v0/success": 0.1}]
+    with open(tmp_path / "report.json", "w") as f:
+        json.dump({"env_id": "starpo/BanditTest-v0", "log_history": rows}, f)
+    main(["plot", str(tmp_path)])
+    assert seen["envs"] == ["Bandit-v0", "FrozenLake-v0"]
