@@ -218,7 +218,10 @@ class StarPOConfig(
                 raise ValueError("Set env_id (one env) or env_configs (several), not both.")
             configs = parse_env_configs(self.env_configs, "env_configs")
             self.env_configs = [vars(c) for c in configs]
-            self.env_id, self.env_kwargs = configs[0].env_id, configs[0].env_kwargs  # the first, for code that reads env_id; train_envs() has them all
+            self.env_id, self.env_kwargs = (
+                configs[0].env_id,
+                configs[0].env_kwargs,
+            )  # the first, for code that reads env_id; train_envs() has them all
         self.env_kwargs = dict(self.env_kwargs or {})
         eval_given = self.eval_env_id is not None
         if self.eval_env_configs is not None and (eval_given or self.eval_env_kwargs is not None):
