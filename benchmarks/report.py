@@ -473,6 +473,31 @@ def checkpointing_lines(r: dict) -> list[str]:
     return lines + ([""] + [f"({r['note']}.)"] if r.get("note") else []) + [""]
 
 
+def padding_lines(r: dict) -> list[str]:
+    """`utilisation.py padding`: a generation batch's micro-batches as TRL pads them and cut to their own width."""
+    lines = [
+        f"## Micro-batches at their own width (`python benchmarks/utilisation.py padding`, {stamp(r)})",
+        "",
+        "TRL pads every micro-batch of a generation batch to the batch's longest completion; "
+        "`MultiTurnStarPOTrainer.compute_loss` cuts the columns that are padding in every row of its micro-batch "
+        "(same loss and gradients to float rounding, tested). Forward + backward of every micro-batch of one "
+        "generation batch (shuffled, then split, as TRL does) both ways, side by side in each repeat. Completion "
+        "lengths drawn uniformly between the bounds shown, not measured rollouts.",
+        "",
+        "| model | batch | rows, micro-batch rows | prompt, completion tokens | completion columns: padded -> cut | "
+        "seconds padded | seconds cut | cut: speedup, median (min-max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in r["per_model"].items():
+        for kind, x in rows.items():
+            lines.append(
+                f"| {name} | {kind} | {x['rows']}, {x['micro']} | {x['prompt']}, {x['lengths'][0]}-{x['lengths'][1]} "
+                f"| {x['padded_columns']} -> {x['cut_columns']} | {', '.join(f'{v:.2f}' for v in x['uncut'])} | "
+                f"{', '.join(f'{v:.2f}' for v in x['cut'])} | x{_mfu(x['cut_speedup'])} |"
+            )
+    return lines + ([""] + [f"({r['note']}.)"] if r.get("note") else []) + [""]
+
+
 def _ratio_spread(b: dict) -> str:
     """``speedup`` with the min-max of its repeats where they were stored (older runs kept a median only)."""
     repeats = b.get("speedup_repeats")
@@ -593,6 +618,7 @@ SECTIONS = (
     one("vllm_cpu", vllm_cpu_lines),
     one("utilisation", utilisation_lines),
     one("activation_checkpointing", checkpointing_lines),
+    one("micro_batch_padding", padding_lines),
     one("critic_memory", critic_memory_lines),
     gpu_check_lines,
 )

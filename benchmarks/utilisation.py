@@ -4,6 +4,7 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
     python benchmarks/utilisation.py           # stores the "utilisation" section of results.json
     python benchmarks/utilisation.py --quick   # one repeat, smaller shapes, the tiny model only; stores nothing
     python benchmarks/utilisation.py checkpointing   # only the training step, activation checkpointing on and off
+    python benchmarks/utilisation.py padding         # only the training step, micro-batches cut to their own width
 
 - peak: the FLOP/s of one large square fp32 matmul (2,048 cubed) with the threads torch uses: the machine's
   limit, which every MFU is measured against. Beside it, the rate of the model's own weight shapes (``F.linear``
@@ -21,6 +22,14 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
   ``12 x layers x heads x head_dim x length / 2`` (causal). With ``pad``: the same micro-batch where half the
   rows are real tokens for only a quarter of the length (the rest padding), as multi-turn episodes of mixed
   length are batched: MFU counted on real tokens only.
+
+- padding: a generation batch split as TRL splits it (shuffled, into micro-batches of ``micro`` rows, every one
+  padded to the batch's longest completion), forward and backward of every micro-batch as TRL pads it and as
+  ``MultiTurnStarPOTrainer.compute_loss`` cuts it (``trim_completion_padding``: the columns that are padding in
+  every row of the micro-batch), side by side in each repeat. Completion lengths are drawn uniformly between
+  the two bounds given (not measured rollouts): multi-turn FrozenLake-like (a 192-token first message, replies
+  and env messages of 64 to 512 tokens, micro-batches of 2, as ``recipes/smollm2-cpu-frozenlake.yaml``) and
+  single-turn Bandit-like (256 and 4 to 64, micro-batches of 8).
 
 - threads: the first train and decode shapes with torch's default threads (one per core) and with one, side by
   side in each repeat: what ``train.py --torch_threads 1`` buys a small model.
@@ -234,6 +243,54 @@ def checkpointing_row(model, rows: int, length: int, repeats: int) -> dict:
     return out
 
 
+def padding_row(model, rows: int, micro: int, prompt: int, lengths: tuple[int, int], repeats: int) -> dict:
+    """Seconds of the forward + backward passes over one generation batch of ``rows`` episodes, uncut and cut to
+    each micro-batch's width, side by side per repeat (see the module docstring), and the speedup per repeat."""
+    from starpo_trl.rollout.batch import trim_completion_padding
+
+    torch.manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    real = torch.randint(lengths[0], lengths[1] + 1, (rows,))
+    width = int(real.max())
+    mask = (torch.arange(width)[None, :] < real[:, None]).long()
+    batch = {
+        "prompt_ids": torch.randint(3, vocab, (rows, prompt)),
+        "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
+        "completion_ids": torch.randint(3, vocab, (rows, width)) * mask,
+        "completion_mask": mask,
+    }
+    order = torch.randperm(rows)  # TRL shuffles the generation batch, then splits it
+    parts = [{k: v[order[i : i + micro]] for k, v in batch.items()} for i in range(0, rows, micro)]
+    was_training = model.training
+    model.train()
+
+    def step(part) -> None:
+        ids = torch.cat([part["prompt_ids"], part["completion_ids"]], 1)
+        attention = torch.cat([part["prompt_mask"], part["completion_mask"]], 1)
+        n = part["completion_ids"].size(1)
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=n + 1).logits[:, :-1]
+        labels = part["completion_ids"].masked_fill(part["completion_mask"] == 0, -100)
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1)).backward()
+
+    out = {"rows": rows, "micro": micro, "prompt": prompt, "lengths": list(lengths), "uncut": [], "cut": []}
+    out["padded_columns"] = len(parts) * width
+    out["cut_columns"] = sum(trim_completion_padding(p)["completion_ids"].size(1) for p in parts)
+    try:
+        for _ in range(repeats):
+            for key in ("uncut", "cut"):
+                cut = key == "cut"
+                start = time.perf_counter()
+                for part in parts:
+                    model.zero_grad(set_to_none=True)
+                    step(trim_completion_padding(part) if cut else part)
+                out[key].append(time.perf_counter() - start)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    out["cut_speedup"] = spread([a / b for a, b in zip(out["uncut"], out["cut"])])
+    return out
+
+
 def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
     """A rollout as training plays it: ``episodes`` FrozenLake episodes (4 start states x their copies, 3 turns,
     replies opened with ``<answer>`` and stopped at ``</answer>`` or 48 tokens) through ``RolloutEngine`` and
@@ -375,6 +432,8 @@ SHAPES = {
     "decode": [(64, 512, 16), (8, 512, 16)],
     # (rows, length, real length of half the rows): a micro-batch of 4 whole episodes, then half of them short
     "train": [(4, 256, None), (4, 256, 64)],
+    # name: (rows, micro-batch rows, prompt tokens, (shortest, longest) completion)
+    "padding": {"FrozenLake-like": (32, 2, 192, (64, 512)), "Bandit-like": (32, 8, 256, (4, 64))},
 }
 QUICK = {
     "rows": (1, 64, 512),
@@ -383,6 +442,7 @@ QUICK = {
     "prefill": (4, 64),
     "decode": [(8, 64, 8)],
     "train": [(4, 128, None)],
+    "padding": {"FrozenLake-like": (8, 2, 32, (8, 64))},
 }
 
 
@@ -393,9 +453,10 @@ def main(argv=None) -> None:
         "part",
         nargs="?",
         default="all",
-        choices=["all", "checkpointing"],
+        choices=["all", "checkpointing", "padding"],
         help="checkpointing: only the training step with activation checkpointing on and off (section "
-        "activation_checkpointing)",
+        "activation_checkpointing); padding: only the training step with micro-batches uncut and cut to their "
+        "own width (section micro_batch_padding)",
     )
     p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     a = p.parse_args(argv)
@@ -413,6 +474,21 @@ def main(argv=None) -> None:
             report.store(
                 "activation_checkpointing",
                 {"per_model": per_model, **note},
+                seeds=[0],
+                wall_seconds=time.time() - start,
+            )
+        return
+    if a.part == "padding":
+        per_model = {}
+        for name, model, _tok in models(a.quick):
+            model.float()
+            per_model[name] = rows = {k: padding_row(model, *v, repeats) for k, v in shapes["padding"].items()}
+            for k, row in rows.items():
+                print(name, k, f"cut to own width x{row['cut_speedup']['median']:.2f}", flush=True)
+        if not a.quick:
+            report.store(
+                "micro_batch_padding",
+                {"per_model": per_model, "shapes": shapes["padding"], **note},
                 seeds=[0],
                 wall_seconds=time.time() - start,
             )

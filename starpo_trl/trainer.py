@@ -36,7 +36,13 @@ from starpo_trl.monitoring.settings import GuardSettings, MISettings
 from starpo_trl.monitoring.step_log import StepLog
 from starpo_trl.refill import Refiller
 from starpo_trl.rollout import Episode, HFBackend, Rollout, RolloutEngine, StartState
-from starpo_trl.rollout.batch import episode_filter_values, episode_rows, episodes_to_tensors, padded_rows
+from starpo_trl.rollout.batch import (
+    episode_filter_values,
+    episode_rows,
+    episodes_to_tensors,
+    padded_rows,
+    trim_completion_padding,
+)
 from starpo_trl.rollout.lora_sync import AdapterSync, lora_engine, lora_rank
 from starpo_trl.rollout.vllm_backend import VLLMBackend, sync_weights, vllm_importance_sampling_ratio
 
@@ -362,6 +368,7 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
                 self._logs["extra"][key].append(row[key])
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = trim_completion_padding(inputs)  # this micro-batch's own width, not the whole batch's
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # no policy gradient while the critic warms up (until it has learned), nor in a step whose advantages
         # are all 0 (no entropy-bonus-only gradient; that step is skipped too)

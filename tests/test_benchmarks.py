@@ -266,6 +266,46 @@ def test_activation_checkpointing_is_timed_both_ways_with_the_same_gradients(tmp
     assert "(a job ran beside it.)" in text
 
 
+def test_micro_batches_are_timed_padded_and_cut_and_the_table_renders(tmp_path, monkeypatch, tiny_tokenizer):
+    """`utilisation.py padding`: each repeat times the same micro-batches padded and cut, the speedup is padded /
+    cut per repeat, equal lengths leave nothing to cut, and BENCHMARKS.md shows the row."""
+    import report
+    import utilisation
+
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer)
+    same = utilisation.padding_row(model, 4, 2, 8, (5, 5), 2)
+    assert same["padded_columns"] == same["cut_columns"] == 2 * 5  # two micro-batches of width 5
+    assert len(same["uncut"]) == len(same["cut"]) == 2 and min(same["uncut"] + same["cut"]) > 0
+    assert same["cut_speedup"]["repeats"] == [a / b for a, b in zip(same["uncut"], same["cut"])]
+    model.eval()
+    varied = utilisation.padding_row(model, 8, 2, 8, (1, 40), 1)
+    assert varied["cut_columns"] < varied["padded_columns"] and model.training is False  # left as it was
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    row = {
+        "rows": 32,
+        "micro": 2,
+        "prompt": 192,
+        "lengths": [64, 512],
+        "padded_columns": 8000,
+        "cut_columns": 6000,
+        "uncut": [2.0, 2.2],
+        "cut": [1.6, 2.0],
+        "cut_speedup": utilisation.spread([1.25, 1.1]),
+    }
+    report.store("micro_batch_padding", {"per_model": {"tiny": {"FrozenLake-like": row}}}, seeds=[0])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text == report.render(report.load())
+    assert "## Micro-batches at their own width (`python benchmarks/utilisation.py padding`" in text
+    assert (
+        "| tiny | FrozenLake-like | 32, 2 | 192, 64-512 | 8000 -> 6000 | 2.00, 2.20 | 1.60, 2.00 | x1.175 (1.100-1.250) |"
+        in text
+    )
+
+
 def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkeypatch):
     """benchmarks/utilisation.py: the FLOPs it divides by are the model's linear layers (worked out here from the
     tiny model's config), the quick run measures every part, and BENCHMARKS.md shows each row with its spread."""

@@ -222,3 +222,44 @@ def test_critic_warmup_steps_train_only_the_critic(tmp_path, tiny_tokenizer, scr
     moved = not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert moved == (warmup == 0)
     assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.trainable_parameters()))
+
+
+def test_each_micro_batch_is_trained_at_its_own_width_with_the_same_loss_and_gradients(
+    tmp_path, tiny_tokenizer, fresh_model, monkeypatch
+):
+    """TRL pads every micro-batch to the whole batch's longest completion; compute_loss cuts the columns that
+    are padding in every row of its micro-batch before TRL's loss. The loss and every gradient are those of the
+    uncut micro-batch (to float rounding: the kernels see other shapes), and TRL's loss sees the cut width."""
+    from trl import GRPOTrainer
+
+    args = make_args(tmp_path, env_id="starpo/Sokoban-v0", max_turns=3, rollout_filter_ratio=1.0)
+    trainer = MultiTurnStarPOTrainer(fresh_model, args, processing_class=tiny_tokenizer)
+    torch.manual_seed(0)
+    batch = trainer._generate_and_score_completions([{"seed": s} for s in range(4) for _ in range(4)])
+    width = batch["completion_ids"].shape[1]
+    micro = {k: v[:4].clone() if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
+    for r, n in enumerate([width // 2, width // 3, width // 2 - 3, 5]):  # episodes shorter than the batch's longest
+        micro["completion_mask"][r, n:] = 0
+        micro["tool_mask"][r, n:] = 0
+        micro["completion_ids"][r, n:] = tiny_tokenizer.pad_token_id
+    micro["tool_mask"][0, width // 2 - 1] = 1  # the last kept column holds a model token: cutting it would show
+    micro["advantages"] = torch.linspace(-1, 1, 4 * width).view(4, width)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    seen = []
+    original = GRPOTrainer._compute_loss
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, m, i: seen.append(i) or original(self, m, i))
+
+    def loss_and_grads(fn):
+        trainer.model.zero_grad()
+        loss = fn(trainer.model, micro)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+    cut_loss, cut_grads = loss_and_grads(trainer.compute_loss)
+    assert seen[-1]["completion_ids"].shape[1] == width // 2 < width and seen[-1]["advantages"].shape[1] == width // 2
+    full_loss, full_grads = loss_and_grads(trainer._compute_loss)
+    assert seen[-1]["completion_ids"].shape[1] == width
+    assert torch.allclose(cut_loss, full_loss, rtol=1e-5, atol=1e-9), (cut_loss, full_loss)
+    for cut, full in zip(cut_grads, full_grads, strict=True):
+        assert torch.allclose(cut, full, rtol=1e-4, atol=1e-9)

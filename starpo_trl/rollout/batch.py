@@ -110,6 +110,29 @@ def episodes_to_tensors(episodes: list[Episode], pad_token_id: int, device) -> d
     }
 
 
+PROMPT_AXIS = ("prompt_ids", "prompt_mask")
+
+
+def trim_completion_padding(batch: dict) -> dict:
+    """A micro-batch without its trailing completion columns that are padding in every row (``completion_mask``
+    0): a causal model's outputs at the kept positions do not depend on later ones, so the loss is the same
+    for less work. TRL pads every micro-batch to the longest completion of the whole generation batch; a
+    micro-batch of shorter episodes carries that padding through the forward and backward passes. Every
+    tensor on the completion axis (2-D and as wide as ``completion_ids``; not the prompt's) is cut alike."""
+    mask = batch["completion_mask"]
+    width = mask.size(1)
+    real = mask.any(dim=0).nonzero()
+    keep = int(real[-1]) + 1 if len(real) else 1
+    if keep == width:
+        return batch
+    return {
+        key: value[:, :keep]
+        if torch.is_tensor(value) and value.dim() >= 2 and value.size(1) == width and key not in PROMPT_AXIS
+        else value
+        for key, value in batch.items()
+    }
+
+
 def turn_token_values(rows: list[Episode], owner: list[int], per_turn: list[list[float]], width: int) -> torch.Tensor:
     """``(len(rows), width)``: each training row's model tokens carry their turn's value, ``per_turn[k][t]`` for
     turn ``t`` of episode ``k = owner[r]``. A whole-episode row's turns are its reply spans (``reply_starts`` to

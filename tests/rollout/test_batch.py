@@ -97,3 +97,38 @@ def test_turn_rows_keep_their_episodes_start_and_env_error():
     )
     rows, _ = episode_rows([ep])
     assert all(r.start == ep.start and r.env_error == "step: boom" for r in rows)
+
+
+def test_trim_completion_padding_by_hand():
+    """Completions of 2, 4 and 1 real tokens padded to 6: the last two columns are padding in every row and go,
+    from every tensor on the completion axis (per-token advantages too); the prompt, though as wide as the
+    completions here, the 1-D advantages and the scalar stay as they were."""
+    from starpo_trl.rollout.batch import trim_completion_padding
+
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]])
+    batch = {
+        "prompt_ids": torch.arange(18).view(3, 6),
+        "prompt_mask": torch.ones(3, 6, dtype=torch.long),
+        "completion_ids": torch.arange(100, 118).view(3, 6) * mask,
+        "completion_mask": mask,
+        "tool_mask": torch.tensor([[1, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0], [1, 0, 0, 0, 0, 0]]),
+        "sampling_per_token_logps": -torch.arange(18, dtype=torch.float32).view(3, 6) * mask,
+        "advantages": torch.tensor([0.5, -1.0, 0.25]),
+        "num_items_in_batch": torch.tensor(7),
+    }
+    out = trim_completion_padding(batch)
+    assert out["completion_ids"].tolist() == [[100, 101, 0, 0], [106, 107, 108, 109], [112, 0, 0, 0]]
+    assert out["completion_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert out["tool_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 1], [1, 0, 0, 0]]
+    assert out["sampling_per_token_logps"].tolist() == [
+        [-0.0, -1.0, -0.0, -0.0],
+        [-6.0, -7.0, -8.0, -9.0],
+        [-12.0, -0.0, -0.0, -0.0],
+    ]
+    assert torch.equal(out["prompt_ids"], batch["prompt_ids"]) and out["prompt_mask"].shape == (3, 6)
+    assert torch.equal(out["advantages"], batch["advantages"]) and int(out["num_items_in_batch"]) == 7
+    per_token = trim_completion_padding({**batch, "advantages": torch.ones(3, 6)})
+    assert per_token["advantages"].shape == (3, 4)
+    assert trim_completion_padding(out) is out  # nothing left to cut
+    empty = {**batch, "completion_mask": torch.zeros(3, 6, dtype=torch.long)}
+    assert trim_completion_padding(empty)["completion_ids"].shape == (3, 1)  # one column keeps TRL's shapes valid
