@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install model train test test-floors test-vllm mutate lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-real clean
+.PHONY: install model train test test-floors test-vllm mutate lint format bench bench-learning bench-multienv bench-collapse bench-whitening bench-critic bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -75,6 +75,10 @@ bench-collapse: $(STAMP)
 
 bench-whitening: $(STAMP)
 	$(PY) -m experiments.whitening
+
+bench-critic: $(STAMP)
+	$(PY) -m experiments.critic
+	$(PY) -m experiments.critic bilevel_gae
 
 bench-real: $(STAMP)
 	$(PY) -m experiments.real_model baseline

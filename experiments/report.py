@@ -338,6 +338,32 @@ def whitening_lines(r: dict) -> list[str]:
     return lines
 
 
+def critic_recipe_lines(r: dict) -> list[str]:
+    """`critic.py`: the critic recipe's run per estimator, read from its log."""
+    lines = [
+        f"## The critic where the return can be learned (`python -m experiments.critic [ESTIMATOR]`, {stamp(r)})",
+        "",
+        f"`{r['recipe']}`: tiny model, warm start, 32 repeating lakes, no variance filter, a full critic from the "
+        "weights before the warm start, 8 critic passes per batch, seed 0; held-out success on 128 episodes of unseen "
+        "lakes. Explained variance: the critic's on each step's fresh rollouts (model tokens), mean over windows of "
+        "20 steps; between-group share: the share of the reward variance between start states (about what a critic "
+        "knowing only the start state could explain), same windows; values' and returns' std: mean of the last 20 "
+        "steps. Each run's own commit and time are in results.json.",
+        "",
+        "| estimator | flags | success before -> after | explained variance by 20 steps | peak | steps above 0.3 | "
+        "between-group share by 20 steps | values std / returns std | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, x in sorted(r["runs"].items()):
+        lines.append(
+            f"| `{name}` | `{' '.join(x['flags']) or '-'}` | {x['success_before']:.3f} -> {x['success_after']:.3f} | "
+            f"{', '.join(f'{v:.2f}' for v in x['explained_variance_by_window'])} | {x['explained_variance_peak']:.2f} | "
+            f"{x['steps_above_0_3']} of {x['steps']} | {', '.join(f'{v:.2f}' for v in x['between_group_share_by_window'])} | "
+            f"{x['values_std_last']:.2f} / {x['returns_std_last']:.2f} | {x['wall_seconds']:.0f} |"
+        )
+    return lines + [""]
+
+
 COMPARISON_SECTIONS = (
     ("credit_assignment", "credit", "turn-level credit: GiGPO against GRPO and a bi-level GAE critic"),
     ("refill", "refill", "refilling the filtered batch"),
@@ -677,6 +703,7 @@ README_TABLES = {"real-model": real_model_table}
 # experiments/README.md, section by section in this order: each renderer takes the whole results and returns its lines
 SECTIONS = (
     one("multi_env", multi_env_lines),
+    one("critic_recipe", critic_recipe_lines),
     one("context_windows", context_windows_lines),
     *(
         one(section, functools.partial(comparison_lines, part=part, title=title))

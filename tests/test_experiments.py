@@ -632,3 +632,54 @@ def test_the_readme_shows_a_runs_other_eval_env_when_it_was_played():
     assert heldout and "0.250 -> **0.750** (+50.0 points); format errors 0.500 -> 0.125" in heldout[0]
     assert not [line for line in lines if "BanditPayoutsHeldout-v0" in line]  # not played in this run
     assert any("0.500 -> **1.000**" in line for line in lines)  # the run's headline env
+
+
+def test_critic_recipe_summary_by_hand_and_table(tmp_path, monkeypatch):
+    """experiments/critic.py: explained variance and between-group share over windows of 20 steps, peak, steps above
+    0.3, the last 20 steps' values and returns std (worked out here from a made-up log); a second estimator's run
+    is stored beside the first, which keeps its own provenance."""
+    from experiments import critic, report
+
+    log = []
+    for step in range(1, 41):
+        ev = 0.0 if step <= 20 else (0.5 if step % 2 else 0.1)  # steps 21-40: ten at 0.5, ten at 0.1
+        row = {
+            "step": step,
+            "critic/explained_variance": ev,
+            "values/std": 0.2,
+            "returns/std": 0.4 + (step > 20) * 0.1,
+        }
+        row["env/FrozenLake-v0/reward_between_group_share"] = 0.1 if step <= 20 else 0.7
+        log += [row, {"step": step, "eval_loss": 1.0}]  # rows without the keys are skipped
+    got = critic.summarise(log, 0.25, 0.5, "FrozenLake-v0")
+    assert got == {
+        "success_before": 0.25,
+        "success_after": 0.5,
+        "steps": 40,
+        "explained_variance_by_window": [0.0, 0.3],  # (10 x 0.5 + 10 x 0.1) / 20
+        "explained_variance_peak": 0.5,
+        "steps_above_0_3": 10,
+        "values_std_last": 0.2,
+        "returns_std_last": 0.5,
+        "between_group_share_by_window": [0.1, 0.7],
+    }
+    assert critic.windows([1.0, 2.0, 3.0], 2) == [1.5, 3.0]
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "REPORT.md")
+    monkeypatch.setattr(critic, "OUT", tmp_path / "runs")
+    first = {**got, "flags": [], "wall_seconds": 2700.0, "provenance": {"commit": "aaaaaaa"}}
+    monkeypatch.setattr(critic, "run", lambda variant: first)
+    critic.main(["gae"])
+    second = {**got, "flags": ["--advantage_estimator", "bilevel_gae"], "wall_seconds": 3600.0, "provenance": {}}
+    monkeypatch.setattr(critic, "run", lambda variant: second)
+    critic.main(["bilevel_gae"])
+    stored = report.read(tmp_path / "results.json")["critic_recipe"]
+    assert stored["runs"]["gae"]["provenance"] == {"commit": "aaaaaaa"} and set(stored["runs"]) == {
+        "gae",
+        "bilevel_gae",
+    }
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "## The critic where the return can be learned (`python -m experiments.critic [ESTIMATOR]`" in text
+    assert "| `gae` | `-` | 0.250 -> 0.500 | 0.00, 0.30 | 0.50 | 10 of 40 | 0.10, 0.70 | 0.20 / 0.50 | 2700 |" in text
+    assert "| `bilevel_gae` | `--advantage_estimator bilevel_gae` | 0.250 -> 0.500 |" in text
