@@ -452,6 +452,11 @@ def utilisation_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
+def with_note(lines: list[str], r: dict) -> list[str]:
+    """A section's lines, then its stored ``note`` (what else ran on the machine) in parentheses, then a blank line."""
+    return lines + (["", f"({r['note']}.)"] if r.get("note") else []) + [""]
+
+
 def checkpointing_lines(r: dict) -> list[str]:
     """`utilisation.py checkpointing`: the training step with activation checkpointing on and off, side by side."""
     lines = [
@@ -470,7 +475,7 @@ def checkpointing_lines(r: dict) -> list[str]:
             f"| {name} | {x['rows']} x {x['length']} tokens | {', '.join(f'{v:.3f}' for v in x['on'])} | "
             f"{', '.join(f'{v:.3f}' for v in x['off'])} | x{_mfu(x['off_speedup'])} |"
         )
-    return lines + ([""] + [f"({r['note']}.)"] if r.get("note") else []) + [""]
+    return with_note(lines, r)
 
 
 def padding_lines(r: dict) -> list[str]:
@@ -495,7 +500,7 @@ def padding_lines(r: dict) -> list[str]:
                 f"| {x['padded_columns']} -> {x['cut_columns']} | {', '.join(f'{v:.2f}' for v in x['uncut'])} | "
                 f"{', '.join(f'{v:.2f}' for v in x['cut'])} | x{_mfu(x['cut_speedup'])} |"
             )
-    return lines + ([""] + [f"({r['note']}.)"] if r.get("note") else []) + [""]
+    return with_note(lines, r)
 
 
 def _ratio_spread(b: dict) -> str:
