@@ -28,6 +28,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 from experiments import report  # noqa: E402  (records the code's commit as the run starts)
+from experiments.whitening import window_means as windows  # noqa: E402  (means over windows of 20 values)
 
 RECIPE = "recipes/demo-cpu-frozenlake-critic.yaml"
 OUT = ROOT / "runs" / "experiment-critic"
@@ -36,11 +37,6 @@ VARIANTS = {
     "bilevel_gae": ["--advantage_estimator", "bilevel_gae", "--use_turn_rewards", "true", "--max_steps", "110"],
 }
 WINDOW = 20
-
-
-def windows(values: list[float], width: int = WINDOW) -> list[float]:
-    """Means over consecutive windows of ``width`` values (the last may be shorter)."""
-    return [round(statistics.fmean(values[i : i + width]), 3) for i in range(0, len(values), width)]
 
 
 def summarise(log_history: list[dict], success_before: float, success_after: float, env: str) -> dict:
