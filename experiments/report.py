@@ -621,29 +621,30 @@ def collapse_real_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
-# the real-model runs the README shows: (recipe, flags, what it is)
+# the real-model runs the README shows: (recipe, flags without --seed, what it is[, one of its eval envs])
 README_RUNS = (
     ("recipes/smollm2-cpu-frozenlake.yaml", "", "FrozenLake: short warm start, then StarPO-S"),
+    ("experiments/recipes/smollm2-cpu-frozenlake-untouched.yaml", "", "FrozenLake from the model as it is (no SFT)"),
     (
         "experiments/recipes/smollm2-cpu-bandit-pairs-mirror.yaml",
         "--max_steps 60",
-        "Bandit, payouts stated, unseen names (BanditTest: one pair), format-only warm start",
+        "Bandit, format-only warm start; BanditTest (one unseen name pair)",
     ),
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",
-        "Bandit, payouts stated, unseen names (BanditTest: one pair), from the model as it is (no SFT)",
+        "Bandit from the model as it is (no SFT); BanditTest (one unseen name pair)",
     ),
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",
-        "the same policy on 16 held-out name pairs (`BanditHeldout-v0`)",
+        "the same policies on 16 held-out name pairs (`BanditHeldout-v0`)",
         "BanditHeldout-v0",
     ),
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",
-        "the same policy, held-out pairs with payouts drawn per seed, the safe arm better in about half "
+        "the same, held-out pairs with payouts drawn per seed, the safe arm better in about half "
         "(`BanditPayoutsHeldout-v0`; fixed payouts in training)",
         "BanditPayoutsHeldout-v0",
     ),
@@ -654,13 +655,46 @@ def _points(before: float, after: float) -> str:
     return f"{before:.3f} -> **{after:.3f}** ({100 * (after - before):+.1f} points)"
 
 
+def readme_row_runs(runs: list[dict], recipe: str, flags: str, env: str | None = None) -> list[dict]:
+    """A README row's stored runs: ``recipe`` with ``flags`` on every seed it ran, each seen on its eval env ``env``
+    when one is named (a run stored before that env was played is left out)."""
+    found = [x for x in runs if (where(x["recipe"]), without_seed(x.get("flags") or "")) == (recipe, flags)]
+    if env:
+        found = [{**x, **x["eval_envs"][env]} for x in found if env in (x.get("eval_envs") or {})]
+    return found
+
+
+def readme_row(what: str, recipe: str | None, flags: str, runs: list[dict]) -> str:
+    """One README row: a single run's before/after, or over several seeds the means with the range after RL.
+    ``recipe`` None: the row above's runs seen on another env (the recipe is not named again)."""
+    mean = lambda key: sum(x[key] for x in runs) / len(runs)  # noqa: E731
+    seeds = [s for x in runs for s in (x.get("provenance") or {}).get("seeds") or [0]]
+    steps = sorted({x["max_steps"] for x in runs})
+    minutes = sorted(round(x["wall_seconds"] / 60) for x in runs)
+    success = _points(mean("success_before"), mean("success_after"))
+    if len(runs) > 1:
+        after = [x["success_after"] for x in runs]
+        success = f"{success[:-1]}; {min(after):.3f}-{max(after):.3f} after)"
+    source = f" (`{recipe}{' ' + flags if flags else ''}`)" if recipe else ""
+    span = lambda v, unit: f"{v[0]}{unit}" if v[0] == v[-1] else f"{v[0]}-{v[-1]}{unit}"  # noqa: E731
+    return (
+        f"| {what}{source} | {success}; format errors "
+        f"{mean('format_error_before'):.3f} -> {mean('format_error_after'):.3f} | {span(steps, ' steps')}, "
+        f"{span(minutes, ' min')}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))} |"
+    )
+
+
 def real_model_table(results: dict) -> list[str]:
-    """The real model's headline results (section ``real_model``): each a single run with one seed."""
+    """The real model's headline results (section ``real_model``): a recipe run on several seeds shows the means
+    over its seeds and the range after RL."""
     r = results.get("real_model")
     if not r:
         return ["Not measured yet: `make bench-real`."]
     base = r.get("baseline", {})
-    lines = ["| what | held-out success (256 episodes, temperature 0.5) | run |", "|---|---|---|"]
+    lines = [
+        "| what | held-out success (256 episodes, temperature 0.5; several seeds: means) | run |",
+        "|---|---|---|",
+    ]
     if base:
         worst = max(b["success"] for b in base.values())
         errors = min(b["format_error_rate"] for b in base.values())
@@ -669,19 +703,12 @@ def real_model_table(results: dict) -> list[str]:
             f"at most {worst:.3f} on any env; format errors at least {errors:.3f} of turns | "
             f"{base[next(iter(base))]['episodes']} episodes per env |"
         )
-    runs = {(where(x["recipe"]), x.get("flags", "")): x for x in r.get("runs", [])}  # a recipe where it is now
-    for recipe, flags, what, *env in README_RUNS:  # env: one of the run's eval envs instead of its headline one
-        x = runs.get((recipe, flags))
-        if env and x is not None:
-            x = {**x, **x["eval_envs"][env[0]]} if env[0] in (x.get("eval_envs") or {}) else None
-        if x is None:
-            continue
-        seed = (x.get("provenance") or {}).get("seeds")
-        lines.append(
-            f"| {what} (`{recipe}`{' ' + flags if flags else ''}) | {_points(x['success_before'], x['success_after'])}; "
-            f"format errors {x['format_error_before']:.3f} -> {x['format_error_after']:.3f} | {x['max_steps']} steps, "
-            f"{x['wall_seconds'] / 60:.0f} min, seed {seed[0] if seed else 0} |"
-        )
+    shown = None  # the (recipe, flags) of the row above
+    for recipe, flags, what, *env in README_RUNS:
+        runs = readme_row_runs(r.get("runs", []), recipe, flags, *env)
+        if runs:
+            lines.append(readme_row(what, None if shown == (recipe, flags) else recipe, flags, runs))
+            shown = (recipe, flags)
     if "kv_reuse_speedup" in r and "kv_reuse_speedup_repeats" not in r:
         lines.append(
             "| speed (`python -m experiments.real_model speed`) | not shown: the stored ratios predate stored repeats "

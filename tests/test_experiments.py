@@ -634,6 +634,53 @@ def test_the_readme_shows_a_runs_other_eval_env_when_it_was_played():
     assert any("0.500 -> **1.000**" in line for line in lines)  # the run's headline env
 
 
+def test_the_readme_shows_a_recipe_run_on_several_seeds_as_means_with_the_range_after():
+    """README rows of a recipe run on seeds 0 and 1 (its flags with --seed N): the means before and after, the gain of
+    the means, the range after RL, both runs' steps and minutes; a run with other flags is not one of its seeds; the
+    next row (another eval env of the same runs) does not name the recipe again."""
+    from experiments import report
+
+    def run(seed, flags, before, after, minutes, heldout_after):
+        return {
+            "recipe": "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
+            "flags": flags,
+            "success_before": before,
+            "success_after": after,
+            "format_error_before": 0.25,
+            "format_error_after": 0.0625,
+            "max_steps": 70,
+            "wall_seconds": 60.0 * minutes,
+            "provenance": {"seeds": [seed]},
+            "eval_envs": {
+                "BanditHeldout-v0": {
+                    "success_before": 0.5,
+                    "success_after": heldout_after,
+                    "format_error_before": 0.5,
+                    "format_error_after": 0.0,
+                }
+            },
+        }
+
+    runs = [
+        run(0, "", 0.5, 1.0, 100, 0.75),
+        run(1, "--seed 1", 0.25, 0.5, 130, 1.0),
+        run(0, "--lr 1", 0.0, 0.0, 5, 0.0),
+    ]
+    lines = report.real_model_table({"real_model": {"runs": runs}})
+    test = [line for line in lines if "BanditTest" in line]
+    # before (0.5 + 0.25) / 2, after (1.0 + 0.5) / 2: +37.5 points; format errors the same on both seeds
+    assert test == [
+        "| Bandit from the model as it is (no SFT); BanditTest (one unseen name pair) "
+        "(`recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml`) | 0.375 -> **0.750** (+37.5 points; "
+        "0.500-1.000 after); format errors 0.250 -> 0.062 | 70 steps, 100-130 min, seeds 0, 1 |"
+    ]
+    heldout = [line for line in lines if "16 held-out name pairs" in line]
+    assert heldout == [
+        "| the same policies on 16 held-out name pairs (`BanditHeldout-v0`) | 0.500 -> **0.875** (+37.5 points; "
+        "0.750-1.000 after); format errors 0.500 -> 0.000 | 70 steps, 100-130 min, seeds 0, 1 |"
+    ]
+
+
 def test_critic_recipe_summary_by_hand_and_table(tmp_path, monkeypatch):
     """experiments/critic.py: explained variance and between-group share over windows of 20 steps, peak, steps above
     0.3, the last 20 steps' values and returns std (worked out here from a made-up log); a second estimator's run
