@@ -177,19 +177,13 @@ class CollapseGuard(TrainerCallback):
     logs; that snapshot is the "last healthy" state that ``stop`` saves and ``rollback`` restores.
     """
 
-    def __init__(
-        self,
-        action: str,
-        rules: GuardSettings,
-        envs: Sequence[str],
-        snapshot_steps: int = 5,
-        save_model=None,
-        critic=None,
-    ):
-        """``envs``: the training envs' metric names, whose in-group reward std it watches (each on its own);
+    def __init__(self, settings: GuardSettings, envs: Sequence[str], save_model=None, critic=None):
+        """``settings``: the action (``collapse_guard``), the rules and the snapshot interval.
+        ``envs``: the training envs' metric names, whose in-group reward std it watches (each on its own);
         ``save_model(path)`` writes the model (the trainer's ``save_model``; needed by ``stop`` and
         ``rollback``); ``critic`` (optional) is snapshotted with the policy. The policy itself, the
         run's output settings and its state come with every callback call."""
+        action = settings.collapse_guard
         if action not in GUARD_ACTIONS:
             raise ValueError(f"collapse_guard must be one of {GUARD_ACTIONS}, got {action!r}")
         if action in ("stop", "rollback") and save_model is None:
@@ -200,8 +194,8 @@ class CollapseGuard(TrainerCallback):
             )
         self.action = action
         self.envs = list(envs)
-        self.monitor = CollapseMonitor(rules)
-        self.snapshot_steps = snapshot_steps
+        self.monitor = CollapseMonitor(settings)
+        self.snapshot_steps = settings.collapse_guard_snapshot_steps
         self.save_model = save_model
         self.critic = critic
         self.snapshot: dict | None = None
@@ -298,11 +292,4 @@ def build_guard(
             "collapse_guard='stop'/'rollback' keeps a copy of the weights, which ZeRO-3 shards: use "
             "collapse_guard='warn' or ZeRO-2."
         )
-    return CollapseGuard(
-        settings.collapse_guard,
-        settings,
-        envs,
-        settings.collapse_guard_snapshot_steps,
-        save_model=save_model,
-        critic=critic,
-    )
+    return CollapseGuard(settings, envs, save_model=save_model, critic=critic)

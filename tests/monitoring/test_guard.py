@@ -248,7 +248,7 @@ def test_signals_from_logs_names_one_env_plainly_and_several_by_env():
     with pytest.raises(ValueError, match="at least one"):
         signals_from_logs(row, [])
     with pytest.raises(ValueError, match="as a list"):
-        CollapseGuard("warn", GuardSettings(), "Bandit-v0")
+        CollapseGuard(GuardSettings(collapse_guard="warn"), "Bandit-v0")
 
 
 def test_a_multi_env_trainer_guard_watches_every_training_env_by_its_metric_name(
