@@ -80,21 +80,19 @@ bench-critic: $(STAMP)
 	$(PY) -m experiments.critic
 	$(PY) -m experiments.critic bilevel_gae
 
+# the runs README's real-model table shows (experiments/report.py README_RUNS), each on the seeds it shows; the recipe
+# search's other tries: `python -m experiments.real_model rl RECIPE FLAGS` with a row's recipe and flags in
+# experiments/README.md
 bench-real: $(STAMP)
 	$(PY) -m experiments.real_model baseline
 	$(PY) -m experiments.real_model speed
 	$(PY) -m experiments.real_model decode
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-lora.yaml
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-lora-nothink
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-pairs-lora.yaml
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-pairs-expected-lora.yaml
 	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-frozenlake.yaml
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-s1
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-s2
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --output_dir runs/smollm2-bandit-symbolic-lora-nothink
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 1 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s1
-	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-symbolic-lora.yaml --enable_think false --seed 2 --output_dir runs/smollm2-bandit-symbolic-lora-nothink-s2
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-untouched.yaml
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-pairs-mirror.yaml --max_steps 60
+	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml
+	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml --seed 1 --output_dir runs/smollm2-bandit-untouched-s1
+	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml --seed 2 --output_dir runs/smollm2-bandit-untouched-s2
 
 clean:
 	rm -rf $(VENV) runs

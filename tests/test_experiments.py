@@ -681,6 +681,21 @@ def test_the_readme_shows_a_recipe_run_on_several_seeds_as_means_with_the_range_
     ]
 
 
+def test_make_bench_real_runs_every_readme_row_on_every_seed_it_shows():
+    """`make bench-real` reproduces README's real-model table: each row's recipe and flags, on each seed stored for it."""
+    from experiments import report
+
+    text = (ROOT / "Makefile").read_text()
+    target = text[text.index("bench-real:") :].split("\n\n")[0]
+    runs = [line.split(" rl ", 1)[1] for line in target.splitlines() if "experiments.real_model rl " in line]
+    stored = report.load()["real_model"]["runs"]
+    for recipe, flags, *_ in report.README_RUNS:
+        for x in report.readme_row_runs(stored, recipe, flags) or [{"provenance": {"seeds": [0]}}]:
+            seed = x["provenance"]["seeds"][0]
+            want = f"{recipe}{' ' + flags if flags else ''}{f' --seed {seed}' if seed else ''}"
+            assert any(r == want or r.startswith(want + " --output_dir ") for r in runs), (want, runs)
+
+
 def test_critic_recipe_summary_by_hand_and_table(tmp_path, monkeypatch):
     """experiments/critic.py: explained variance and between-group share over windows of 20 steps, peak, steps above
     0.3, the last 20 steps' values and returns std (worked out here from a made-up log); a second estimator's run
