@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import pathlib
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -503,6 +504,32 @@ def padding_lines(r: dict) -> list[str]:
     return with_note(lines, r)
 
 
+def finished_rows_lines(r: dict) -> list[str]:
+    """`utilisation.py finished`: a rollout with finished rows carried to the end of each call and dropped."""
+    lines = [
+        f"## Finished rows leave the batch (`python benchmarks/utilisation.py finished`, {stamp(r)})",
+        "",
+        "`model.generate` keeps computing a row whose reply has ended until the call's last reply ends; `HFBackend` "
+        "ends a call once half its rows are done (4 or more tokens of the limit left) and goes on with the others "
+        "from their kept cache (`drop_finished_rows`, on by default with KV reuse; tokens drawn from the same "
+        "softmax, tested). The same FrozenLake rollout (3 turns, replies stopped at `</answer>` or 48 tokens, "
+        "temperature 1, same seed) both ways, side by side in each repeat.",
+        "",
+        "| model | episodes | finished-row share: carried -> dropped | rows x steps: carried -> dropped | "
+        "seconds carried | seconds dropped | dropped: speedup, median (min-max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, x in r["per_model"].items():
+        share, steps = x["finished_row_share"], x["row_steps"]
+        lines.append(
+            f"| {name} | {x['episodes']} | {share['carried']['median']:.3f} -> {share['dropped']['median']:.3f} | "
+            f"{statistics.median(steps['carried']):.0f} -> {statistics.median(steps['dropped']):.0f} | "
+            f"{', '.join(f'{v:.2f}' for v in x['carried'])} | {', '.join(f'{v:.2f}' for v in x['dropped'])} | "
+            f"x{_mfu(x['dropped_speedup'])} |"
+        )
+    return with_note(lines, r)
+
+
 def _ratio_spread(b: dict) -> str:
     """``speedup`` with the min-max of its repeats where they were stored (older runs kept a median only)."""
     repeats = b.get("speedup_repeats")
@@ -624,6 +651,7 @@ SECTIONS = (
     one("utilisation", utilisation_lines),
     one("activation_checkpointing", checkpointing_lines),
     one("micro_batch_padding", padding_lines),
+    one("finished_rows", finished_rows_lines),
     one("critic_memory", critic_memory_lines),
     gpu_check_lines,
 )

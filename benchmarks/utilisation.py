@@ -5,6 +5,7 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
     python benchmarks/utilisation.py --quick   # one repeat, smaller shapes, the tiny model only; stores nothing
     python benchmarks/utilisation.py checkpointing   # only the training step, activation checkpointing on and off
     python benchmarks/utilisation.py padding         # only the training step, micro-batches cut to their own width
+    python benchmarks/utilisation.py finished        # only the rollout, finished rows carried and dropped
 
 - peak: the FLOP/s of one large square fp32 matmul (2,048 cubed) with the threads torch uses: the machine's
   limit, which every MFU is measured against. Beside it, the rate of the model's own weight shapes (``F.linear``
@@ -30,6 +31,10 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
   the two bounds given (not measured rollouts): multi-turn FrozenLake-like (a 192-token first message, replies
   and env messages of 64 to 512 tokens, micro-batches of 2, as ``recipes/smollm2-cpu-frozenlake.yaml``) and
   single-turn Bandit-like (256 and 4 to 64, micro-batches of 8).
+
+- finished: the rollout of ``rollout_episodes`` FrozenLake episodes with the rows whose reply has ended carried to
+  the end of each ``generate`` call, and dropped (``HFBackend(drop_finished_rows=True)``, the default: a call ends
+  once half its rows are done, the others go on from their kept cache), side by side in each repeat, same seed.
 
 - threads: the first train and decode shapes with torch's default threads (one per core) and with one, side by
   side in each repeat: what ``train.py --torch_threads 1`` buys a small model.
@@ -291,12 +296,10 @@ def padding_row(model, rows: int, micro: int, prompt: int, lengths: tuple[int, i
     return out
 
 
-def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
-    """A rollout as training plays it: ``episodes`` FrozenLake episodes (4 start states x their copies, 3 turns,
-    replies opened with ``<answer>`` and stopped at ``</answer>`` or 48 tokens) through ``RolloutEngine`` and
-    ``HFBackend``. Model FLOPs of its linear layers (the tokens read and the reply tokens kept) per second; and
-    the finished-row share: the part of the decode work (rows x sampling steps) spent on rows whose reply had
-    already ended, which the batch carries until its last reply ends."""
+def lake_rollout(model, tok, episodes: int, seed: int, **backend_kw) -> tuple[float, HFBackend, list]:
+    """``episodes`` FrozenLake episodes (4 start states x their copies, 3 turns, replies opened with ``<answer>`` and
+    stopped at ``</answer>`` or 48 tokens, temperature 1) through ``RolloutEngine`` and ``HFBackend(**backend_kw)``:
+    seconds, the backend (its counters) and the episodes."""
     from starpo_trl.models import eos_token_ids
     from starpo_trl.rollout import RolloutConfig, RolloutEngine, StartState
 
@@ -309,16 +312,26 @@ def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
     )
     eos = eos_token_ids(tok, model.generation_config.eos_token_id)
     starts = [StartState("starpo/FrozenLake-v0", i % 4, (("is_slippery", False),)) for i in range(episodes)]
+    torch.manual_seed(seed)
+    backend = HFBackend(model, tok.pad_token_id, eos, **backend_kw)
+    engine = RolloutEngine(tok, backend, cfg, eos)
+    start = time.perf_counter()
+    played = engine.run(starts, 1.0)
+    seconds = time.perf_counter() - start
+    engine.close()
+    return seconds, backend, played
+
+
+def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
+    """A rollout as training plays it (``lake_rollout``). Model FLOPs of its linear layers (the tokens read and the
+    reply tokens kept) per second; and the finished-row share: the part of the decode work (rows x sampling steps)
+    spent on rows whose reply had already ended, which the batch carries until its last reply ends (or, with
+    ``drop_finished_rows``, until half of its rows have ended)."""
     per_token = weight_flops_per_token(model)
     seconds, flops, finished, turns = [], [], [], []
     for repeat in range(repeats):
-        torch.manual_seed(repeat)
-        backend = HFBackend(model, tok.pad_token_id, eos)
-        engine = RolloutEngine(tok, backend, cfg, eos)
-        start = time.perf_counter()
-        played = engine.run(starts, 1.0)
-        seconds.append(time.perf_counter() - start)
-        engine.close()
+        took, backend, played = lake_rollout(model, tok, episodes, repeat)
+        seconds.append(took)
         flops.append((backend.prefill_tokens + backend.reply_tokens) * per_token)
         finished.append(1 - backend.reply_tokens / backend.row_steps)
         turns.append(sum(ep.num_turns for ep in played) / len(played))
@@ -329,6 +342,24 @@ def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
         "finished_row_share": spread(finished),
         "turns_per_episode": statistics.median(turns),
     }
+
+
+def finished_rows_row(model, tok, episodes: int, repeats: int) -> dict:
+    """The same rollout (``lake_rollout``, same seed) with finished rows carried to the end of each call and with
+    them dropped (``drop_finished_rows``), side by side in each repeat (which goes first alternates): seconds,
+    rows x sampling steps, the finished-row share, and the speedup of dropping them."""
+    out = {"episodes": episodes, "carried": [], "dropped": [], "row_steps": {"carried": [], "dropped": []}}
+    share = {"carried": [], "dropped": []}
+    for repeat in range(repeats):
+        order = ("carried", "dropped") if repeat % 2 == 0 else ("dropped", "carried")
+        for key in order:
+            took, backend, _ = lake_rollout(model, tok, episodes, repeat, drop_finished_rows=key == "dropped")
+            out[key].append(took)
+            out["row_steps"][key].append(backend.row_steps)
+            share[key].append(1 - backend.reply_tokens / backend.row_steps)
+    out["finished_row_share"] = {k: spread(v) for k, v in share.items()}
+    out["dropped_speedup"] = spread([a / b for a, b in zip(out["carried"], out["dropped"])])
+    return out
 
 
 def threads_row(model, tok, shapes: dict, repeats: int) -> dict:
@@ -453,10 +484,11 @@ def main(argv=None) -> None:
         "part",
         nargs="?",
         default="all",
-        choices=["all", "checkpointing", "padding"],
+        choices=["all", "checkpointing", "padding", "finished"],
         help="checkpointing: only the training step with activation checkpointing on and off (section "
         "activation_checkpointing); padding: only the training step with micro-batches uncut and cut to their "
-        "own width (section micro_batch_padding)",
+        "own width (section micro_batch_padding); finished: only the rollout, finished rows carried and dropped "
+        "(section finished_rows)",
     )
     p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     a = p.parse_args(argv)
@@ -490,6 +522,20 @@ def main(argv=None) -> None:
                 "micro_batch_padding",
                 {"per_model": per_model, "shapes": shapes["padding"], **note},
                 seeds=[0],
+                wall_seconds=time.time() - start,
+            )
+        return
+    if a.part == "finished":
+        per_model = {}
+        for name, model, tok in models(a.quick):
+            model.float()
+            per_model[name] = row = finished_rows_row(model, tok, shapes["rollout_episodes"], repeats)
+            print(name, f"rollout, finished rows dropped x{row['dropped_speedup']['median']:.2f}", flush=True)
+        if not a.quick:
+            report.store(
+                "finished_rows",
+                {"per_model": per_model, **note},
+                seeds=list(range(repeats)),
                 wall_seconds=time.time() - start,
             )
         return

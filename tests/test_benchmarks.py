@@ -306,6 +306,50 @@ def test_micro_batches_are_timed_padded_and_cut_and_the_table_renders(tmp_path, 
     )
 
 
+def test_finished_rows_are_timed_carried_and_dropped_and_the_table_renders(tmp_path, monkeypatch, tiny_tokenizer):
+    """`utilisation.py finished`: each repeat plays the same rollout with finished rows carried and dropped (the
+    order alternates), the speedup is carried / dropped per repeat, dropping never adds decode work, and
+    BENCHMARKS.md shows the row."""
+    import report
+    import utilisation
+
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer)
+    calls = []
+    real = utilisation.lake_rollout
+
+    def spy(model, tok, episodes, seed, **kw):
+        calls.append((seed, kw["drop_finished_rows"]))
+        return real(model, tok, episodes, seed, **kw)
+
+    monkeypatch.setattr(utilisation, "lake_rollout", spy)
+    row = utilisation.finished_rows_row(model, tiny_tokenizer, 4, 2)
+    assert calls == [(0, False), (0, True), (1, True), (1, False)]
+    assert len(row["carried"]) == len(row["dropped"]) == 2
+    assert row["dropped_speedup"]["repeats"] == [a / b for a, b in zip(row["carried"], row["dropped"])]
+    assert all(d <= c for c, d in zip(row["row_steps"]["carried"], row["row_steps"]["dropped"]))
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    stored = {
+        "episodes": 32,
+        "carried": [2.0, 2.2, 2.4],
+        "dropped": [1.6, 2.0, 2.0],
+        "row_steps": {"carried": [900, 1000, 1100], "dropped": [700, 720, 800]},
+        "finished_row_share": {"carried": utilisation.spread([0.25]), "dropped": utilisation.spread([0.05])},
+        "dropped_speedup": utilisation.spread([1.25, 1.1, 1.2]),
+    }
+    report.store("finished_rows", {"per_model": {"tiny": stored}}, seeds=[0, 1, 2])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text == report.render(report.load())
+    assert "## Finished rows leave the batch (`python benchmarks/utilisation.py finished`" in text
+    assert (
+        "| tiny | 32 | 0.250 -> 0.050 | 1000 -> 720 | 2.00, 2.20, 2.40 | 1.60, 2.00, 2.00 | x1.200 (1.100-1.250) |"
+        in text
+    )
+
+
 def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkeypatch):
     """benchmarks/utilisation.py: the FLOPs it divides by are the model's linear layers (worked out here from the
     tiny model's config), the quick run measures every part, and BENCHMARKS.md shows each row with its spread."""

@@ -71,16 +71,32 @@ class HFBackend:
     Each call's cache is allocated once for its full length (kept history + new tokens + the token
     limit, ``_CallLayer``) and written in place: ``DynamicCache`` appends by concatenation, copying
     the whole cache for every sampled token, work that grows with rows x history.
+
+    Finished rows leave the batch (``drop_finished_rows``, with KV reuse): ``generate`` pads a row whose
+    reply has ended and keeps computing it until the last reply ends. Once at least half of a call's
+    rows are done and ``MIN_STEPS_LEFT`` or more tokens of the limit remain, the call ends there and the
+    rows still sampling go on in a new call from their kept cache (feeding the last token they sampled,
+    as the next decode step would), so the batch shrinks as replies end. Every token is still drawn from
+    ``softmax(logits / T)``, but the random draws are not the ones a single call would make.
     """
 
     stops_rows = True  # the engine passes ``done``: each row stops at its own limit / stop string
+    MIN_STEPS_LEFT = 4  # a call ends early only with at least this many tokens of its limit left
 
-    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], reuse_cache: bool = True):
+    def __init__(
+        self,
+        model,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        reuse_cache: bool = True,
+        drop_finished_rows: bool = True,
+    ):
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.full_attention = _full_attention(model)
         self.reuse_cache = reuse_cache and self.full_attention
+        self.drop_finished_rows = drop_finished_rows and self.reuse_cache
         self.prefill_tokens = 0  # tokens run through the model before sampling, over all calls
         self.decode_steps = 0  # sampling steps (batched), over all calls
         self.row_steps = 0  # rows x sampling steps, over all calls: decode work, finished rows included
@@ -106,7 +122,43 @@ class HFBackend:
     @torch.no_grad()
     def generate(self, sequences, max_new_tokens, temperature, done=None):
         """``done(i, ids)``: row ``i``'s reply ``ids`` is complete (its token limit, a stop string): the row
-        stops there and its reply ends with that token, and the call ends when every row has."""
+        stops there and its reply ends with that token, and the call ends when every row has.
+        -> one ``(reply ids, their sampling logprobs)`` per sequence."""
+        replies = [([], []) for _ in sequences]
+        rows = list(range(len(sequences)))  # the rows still sampling
+        kept: dict[int, tuple] = {}  # row -> its kept entry, from the call its reply ended in
+        budget = max_new_tokens
+        while rows:
+            row_done = _Continued(done, rows, replies) if done is not None else None
+            early = self.drop_finished_rows and len(rows) > 1
+            results, ended, entries = self._call(
+                [list(sequences[i]) + replies[i][0] for i in rows],
+                budget,
+                temperature,
+                row_done,
+                early,
+                continued=budget < max_new_tokens,
+            )
+            for k, i in enumerate(rows):
+                replies[i][0].extend(results[k][0])
+                replies[i][1].extend(results[k][1])
+            kept.update({rows[k]: entries[k] for k in entries if ended[k]})
+            steps = max((len(ids) for ids, _ in results), default=0)
+            going = [k for k in range(len(rows)) if not ended[k]]
+            if going and steps == 0:
+                raise RuntimeError("generate sampled no token for rows that had not ended")
+            self._kept = [entries[k] for k in going]  # the next call's rows extend these
+            rows, budget = [rows[k] for k in going], budget - steps
+        self._kept = [kept[i] for i in range(len(sequences)) if i in kept] if self.reuse_cache else []
+        self.reply_tokens += sum(len(ids) for ids, _ in replies)
+        return [(ids, lps) for ids, lps in replies]
+
+    def _call(self, sequences, max_new_tokens, temperature, done, early: bool, continued: bool):
+        """One ``model.generate`` call over ``sequences`` (each extending its kept entry, if any). ``early``:
+        end the call once half of the rows are done (``MIN_STEPS_LEFT`` tokens or more left). ``continued``:
+        these rows' replies began in an earlier call, so the token each feeds is a decode step, not prefill.
+        -> each row's (ids, logprobs), whether it ended (a stop, an end-of-turn token, the limit), and each
+        row's entry to keep (``{row: (tokens, per-layer keys and values)}``; none without KV reuse)."""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         device = next(self.model.parameters()).device
@@ -122,7 +174,7 @@ class HFBackend:
             input_ids[i, ls - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
             attention_mask[i, lc - c : lc] = 1
             attention_mask[i, lc + ls - len(suffix) :] = 1
-        self.prefill_tokens += sum(len(x) for x in suffixes)
+        self.prefill_tokens += 0 if continued else sum(len(x) for x in suffixes)
         past = self._sampling_cache(kept, cached, lc + ls + max_new_tokens, device)
         # the kept rows now live in ``past``: drop them so the cache is not held twice while sampling
         # (a long evaluation's cache can take many GB)
@@ -133,7 +185,11 @@ class HFBackend:
         own = self.model.generation_config
         self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
         record = _SampledLogprobs(1.0 if greedy else temperature)
-        rows_done = _RowsDone(done, ls, self.eos_token_ids) if done is not None else None
+        rows_done = (
+            _RowsDone(done, ls, self.eos_token_ids, max_new_tokens - self.MIN_STEPS_LEFT if early else None)
+            if done is not None or early
+            else None
+        )
         try:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
@@ -150,18 +206,18 @@ class HFBackend:
         new_tokens = out.sequences[:, ls:]
         self.decode_steps += new_tokens.shape[1]
         logps = record.finish(new_tokens[:, -1])
-        results = []
+        results, ended = [], []
         eos = set(self.eos_token_ids)
         for i, (row, lp) in enumerate(zip(new_tokens.tolist(), logps.tolist())):
             end = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
             if rows_done is not None:
                 end = min(end, rows_done.ends.get(i, end))
             results.append((row[:end], lp[:end]))
+            stopped = end < len(row) or (rows_done is not None and i in rows_done.ends) or (row and row[-1] in eos)
+            ended.append(stopped or len(row) >= max_new_tokens)
         self.row_steps += n * new_tokens.shape[1]
-        self.reply_tokens += sum(len(ids) for ids, _ in results)
-        if self.reuse_cache:
-            self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY])
-        return results
+        entries = self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY]) if self.reuse_cache else {}
+        return results, ended, entries
 
     def _sampling_cache(self, kept, cached, capacity, device):
         """One cache for the whole call, allocated once for ``capacity`` positions: each step writes
@@ -227,8 +283,9 @@ class HFBackend:
                 kept[i] = entry
         return kept
 
-    def _keep(self, sequences, cached, suffixes, lc, ls, results, cache) -> None:
-        """Each row's own keys and values (its history and its reply but the last token), contiguous.
+    def _keep(self, sequences, cached, suffixes, lc, ls, results, cache) -> dict:
+        """Each row's own keys and values (its history and its reply but the last token), contiguous:
+        ``{row: (tokens, per-layer (keys, values))}`` for the rows with a reply.
 
         Layer by layer, each layer of the sampling cache released once copied, so the keys and
         values are never held twice."""
@@ -253,7 +310,7 @@ class HFBackend:
                 )
             layer.free()
             k = v = None
-        self._kept = [(list(sequences[i]) + results[i][0][:-1], layers[i]) for i in rows]
+        return {i: (list(sequences[i]) + results[i][0][:-1], layers[i]) for i in rows}
 
 
 class _CallLayer(DynamicLayer):
@@ -303,20 +360,43 @@ class _CallLayer(DynamicLayer):
 
 
 class _RowsDone:
-    """A stopping criterion: row ``i`` is done once ``done(i, its new tokens)`` holds or it wrote an end-of-turn
-    token (``ends[i]``: its reply's length then). ``generate`` pads a done row from there on and stops when
-    all are, so a batch whose replies all hit a stop string is not sampled on to the token limit, and the
-    reply kept (with its cache) is exactly the cut one."""
+    """A stopping criterion: row ``i`` is done once ``done(i, its new tokens)`` holds (``done`` may be None: end-of-turn
+    tokens only) or it wrote an end-of-turn token (``ends[i]``: its reply's length then). ``generate`` pads a done
+    row from there on and stops when all are, so a batch whose replies all hit a stop string is not sampled on to
+    the token limit, and the reply kept (with its cache) is exactly the cut one. ``early_until`` (a token count):
+    the call also ends, for every row, once half of them or more are done, while fewer tokens than that have been
+    sampled (the rows not done go on in another call)."""
 
-    def __init__(self, done, start: int, eos_token_ids: list[int]):
+    def __init__(self, done, start: int, eos_token_ids: list[int], early_until: int | None = None):
         self.done, self.start, self.eos = done, start, set(eos_token_ids)
+        self.early_until = early_until
         self.ends: dict[int, int] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        for i, row in enumerate(input_ids[:, self.start :].tolist()):
-            if i not in self.ends and (row[-1] in self.eos or self.done(i, row)):
+        rows = input_ids[:, self.start :].tolist()
+        for i, row in enumerate(rows):
+            if i not in self.ends and (row[-1] in self.eos or (self.done is not None and self.done(i, row))):
                 self.ends[i] = len(row)
-        return torch.tensor([i in self.ends for i in range(len(input_ids))], device=input_ids.device)
+        n = len(rows)
+        if (
+            self.early_until is not None
+            and 2 * len(self.ends) >= n > len(self.ends)
+            and len(rows[0]) <= self.early_until
+        ):
+            return torch.ones(n, dtype=torch.bool, device=input_ids.device)
+        return torch.tensor([i in self.ends for i in range(n)], device=input_ids.device)
+
+
+class _Continued:
+    """``done`` for a call whose row ``k`` is the generate call's row ``rows[k]``, whose reply so far is
+    ``replies[rows[k]]``: the engine's rule is applied to the whole reply."""
+
+    def __init__(self, done, rows: list[int], replies: list[tuple[list[int], list[float]]]):
+        self.done, self.rows, self.replies = done, list(rows), replies
+
+    def __call__(self, k: int, ids: list[int]) -> bool:
+        i = self.rows[k]
+        return self.done(i, self.replies[i][0] + ids)
 
 
 class _SampledLogprobs:

@@ -137,7 +137,9 @@ def first_user_message(
 ) -> str:
     """Turn 1's message; ``instruction``: a custom format instruction template (``format_instruction``)."""
     env = env.unwrapped if hasattr(env, "unwrapped") else env
-    if env.action_names is not None:
+    if env.action_names is not None and max_actions_per_turn == 1:
+        budget = "You can make one action per turn."
+    elif env.action_names is not None:
         budget = f"You can make up to {max_actions_per_turn} actions per turn, separated by {ACTION_SEPARATOR}."
     else:
         budget = "Give one answer."

@@ -10,7 +10,12 @@ from conftest import assert_logprobs_match_a_forward_pass, env_spans
 from starpo_trl.monitoring.mutual_info import reasoning_span
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState
 from starpo_trl.rollout.engine import stop_index
-from starpo_trl.rollout.prompting import check_instruction_template, format_instruction, resolve_reply_prefix
+from starpo_trl.rollout.prompting import (
+    check_instruction_template,
+    first_user_message,
+    format_instruction,
+    resolve_reply_prefix,
+)
 
 LAKE = StartState("starpo/FrozenLake-v0", 0, (("is_slippery", False),))  # Up three times does not end it
 
@@ -28,6 +33,16 @@ def test_auto_prefix_is_the_opening_tag_of_the_format():
     assert resolve_reply_prefix("auto", enable_think=False) == "<answer>"
     assert resolve_reply_prefix("", enable_think=True) == ""
     assert resolve_reply_prefix("<answer> ", enable_think=True) == "<answer> "
+
+
+def test_the_first_message_states_the_action_budget_of_a_turn():
+    """One action a turn is said as such (no separator to join several); more are said with the separator."""
+    env = gym.make("starpo/FrozenLake-v0").unwrapped
+    obs, _ = env.reset(seed=0)
+    one = first_user_message(env, obs, 1, 6, enable_think=False)
+    assert "\nYou can make one action per turn. You have at most 6 turns.\nTurn 1:" in one and "||" not in one
+    two = first_user_message(env, obs, 2, 6, enable_think=False)
+    assert "\nYou can make up to 2 actions per turn, separated by ||. You have at most 6 turns.\nTurn 1:" in two
 
 
 def test_the_prompt_opens_each_reply_and_the_parser_reads_prefix_and_reply(tiny_tokenizer, scripted):

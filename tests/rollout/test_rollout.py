@@ -334,6 +334,51 @@ def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer
     )
 
 
+def test_finished_rows_leave_the_batch_and_replies_stay_exact(tiny_tokenizer, tiny_model):
+    """With ``drop_finished_rows`` a call ends once half its rows are done and the others go on in a new call from
+    their kept cache: greedy replies are the ones one call gives (and a full re-read), decode work counted by hand,
+    sampled replies' logprobs equal a forward pass, and the next turn reads every row's cache, wherever it ended."""
+    from types import SimpleNamespace
+
+    texts = ["The lake is frozen.", "Push the box onto the target", "A", "Two arms: Tiger pays 1.0, Crane pays 0.15"]
+    sequences = [tiny_tokenizer(t)["input_ids"] for t in texts]
+    limits = [2, 3, 8, 12]  # no end-of-turn token: each row ends at its limit (row 3 at the call's)
+    done = lambda i, ids: len(ids) >= limits[i]  # noqa: E731
+
+    def backend(**kw):
+        return HFBackend(tiny_model, tiny_tokenizer.pad_token_id, [], **kw)
+
+    def two_turns(b, temperature):
+        first = b.generate(sequences, 12, temperature, done=done)
+        follow = [seq + ids + tiny_tokenizer(" next")["input_ids"] for seq, (ids, _) in zip(sequences, first)]
+        prefill = b.prefill_tokens
+        second = b.generate(follow, 5, temperature, done=lambda i, ids: len(ids) >= 5)
+        return first, second, b.prefill_tokens - prefill, follow
+
+    dropping, whole, plain = backend(), backend(drop_finished_rows=False), backend(reuse_cache=False)
+    got, want, reread = two_turns(dropping, 0.0), two_turns(whole, 0.0), two_turns(plain, 0.0)
+    for a, b, c in zip(got[0] + got[1], want[0] + want[1], reread[0] + reread[1]):
+        assert a[0] == b[0] == c[0]
+        assert max(abs(x - y) for x, y in zip(a[1], b[1])) < 1e-5
+    assert [len(ids) for ids, _ in got[0]] == limits
+    # turn 1: 4 rows x 3 steps (rows 0 and 1 done at step 3: half of the rows, 9 of 12 tokens left >= 4); rows 2 and
+    # 3 for 5 steps (row 2 done at 8 tokens: half, 4 left); row 3 alone for the last 4. One call alone: 4 rows x 12
+    # steps. Turn 2: 4 rows x 5 steps, ending together
+    assert dropping.row_steps == 4 * 3 + 2 * 5 + 1 * 4 + 4 * 5 and whole.row_steps == 4 * 12 + 4 * 5
+    assert dropping.decode_steps == whole.decode_steps == 12 + 5
+    assert dropping.reply_tokens == whole.reply_tokens == sum(limits) + 4 * 5
+    # the token a continued row feeds is a decode step, not prefill; turn 2 reads only each row's reply's last token
+    # and " next", rows 0, 1 and 2 from the cache of the call they ended in
+    new = len(tiny_tokenizer(" next")["input_ids"])
+    assert got[2] == want[2] == 4 * (1 + new)
+    assert dropping.prefill_tokens == whole.prefill_tokens == sum(map(len, sequences)) + 4 * (1 + new)
+    torch.manual_seed(1)
+    first, second, _, follow = two_turns(backend(), 1.0)
+    for seq, (ids, lps) in [*zip(sequences, first), *zip(follow, second)]:
+        ep = SimpleNamespace(prompt_ids=seq, completion_ids=ids, env_mask=[1] * len(ids), logprobs=lps)
+        assert_logprobs_match_a_forward_pass(tiny_model, ep, temperature=1.0)
+
+
 def test_kv_reuse_holds_the_cache_once(tiny_tokenizer, tiny_model, monkeypatch):
     """While a turn samples, the kept rows live only in the cache given to ``generate`` (not also in
     the backend); once copied back per row, the sampling cache's layers are released."""
