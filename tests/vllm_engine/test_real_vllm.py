@@ -74,3 +74,10 @@ def test_lora_adapter_sync_reaches_the_engine(part):
     w = result["weight_sync"]
     new, old = w["against_new"]["token_mean"], w["against_old"]["token_mean"]
     assert new < 0.1 and new < old / 2, w
+
+
+def test_the_cpu_engine_refuses_sleep_mode(part):
+    """What StarPOConfig refuses with use_cpu=True, checked against the engine itself."""
+    result = part("sleep")
+    assert result["ok"], result["error"] + "\n" + result["traceback"]
+    assert result["sleep_mode"].startswith("refused") and "Sleep mode is not supported" in result["sleep_mode"]

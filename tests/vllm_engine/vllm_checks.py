@@ -4,8 +4,8 @@ hence the ``__main__`` guard; one engine per part, the results as JSON into argv
 
 Parts: ``colocate`` (multi-turn episodes through VLLMBackend, token for token; the sampling logprobs against the
 trainer's re-forward; an optimizer step, then the engine's logprobs against the new and the old weights; one
-StarPO step) and ``lora`` (the same weight check with ``vllm_lora_sync``: only the adapter is pushed). Sleep mode
-and TRL's server mode are not covered."""
+StarPO step), ``lora`` (the same weight check with ``vllm_lora_sync``: only the adapter is pushed) and ``sleep``
+(sleep mode, which the CPU engine refuses). TRL's server mode is not covered: its weight transfer is NCCL's."""
 
 import json
 import os
@@ -201,6 +201,20 @@ def lora(out, result: dict) -> dict:
     return result
 
 
+def sleep(out, result: dict) -> dict:
+    """Sleep mode on the CPU engine: vLLM refuses it when the engine is created (before any worker starts)."""
+    from vllm import LLM
+
+    from starpo_trl.offline_model import build
+
+    try:
+        LLM(model=str(build()), enable_sleep_mode=True, max_model_len=512)
+        result["sleep_mode"] = "started"
+    except Exception as err:
+        result["sleep_mode"] = f"refused: {err}"[:500]
+    return result
+
+
 def store_part(part: str, result: dict) -> None:
     """This part's numbers as ``vllm_cpu.<part>`` in benchmarks/results.json (the other parts kept), with provenance."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -224,7 +238,7 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     result = {"ok": True}
     try:
-        {"colocate": colocate, "lora": lora}[part](out / part, result)
+        {"colocate": colocate, "lora": lora, "sleep": sleep}[part](out / part, result)
     except Exception as err:  # what the CPU engine cannot do is a result too (with what ran before it)
         result.update(ok=False, error=f"{type(err).__name__}: {err}"[:2000], traceback=traceback.format_exc()[-4000:])
     (out / f"{part}.json").write_text(json.dumps(result, indent=1))
