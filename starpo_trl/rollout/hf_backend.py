@@ -205,7 +205,14 @@ class HFBackend:
             self.model.train()
         new_tokens = out.sequences[:, ls:]
         self.decode_steps += new_tokens.shape[1]
-        logps = record.finish(new_tokens[:, -1])
+        results, ended = self._replies(new_tokens, record.finish(new_tokens[:, -1]), rows_done, max_new_tokens)
+        self.row_steps += n * new_tokens.shape[1]
+        entries = self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY]) if self.reuse_cache else {}
+        return results, ended, entries
+
+    def _replies(self, new_tokens, logps, rows_done, max_new_tokens) -> tuple[list, list[bool]]:
+        """Each row's reply (ids and logprobs up to its first end-of-turn token or the end ``rows_done`` found) and
+        whether it ended: by one of those, or at ``max_new_tokens`` (a row cut by an early end of the call has not)."""
         results, ended = [], []
         eos = set(self.eos_token_ids)
         for i, (row, lp) in enumerate(zip(new_tokens.tolist(), logps.tolist())):
@@ -214,10 +221,8 @@ class HFBackend:
                 end = min(end, rows_done.ends.get(i, end))
             results.append((row[:end], lp[:end]))
             stopped = end < len(row) or (rows_done is not None and i in rows_done.ends) or (row and row[-1] in eos)
-            ended.append(stopped or len(row) >= max_new_tokens)
-        self.row_steps += n * new_tokens.shape[1]
-        entries = self._keep(sequences, cached, suffixes, lc, ls, results, out[CACHE_KEY]) if self.reuse_cache else {}
-        return results, ended, entries
+            ended.append(bool(stopped) or len(row) >= max_new_tokens)
+        return results, ended
 
     def _sampling_cache(self, kept, cached, capacity, device):
         """One cache for the whole call, allocated once for ``capacity`` positions: each step writes
