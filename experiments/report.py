@@ -644,8 +644,7 @@ README_RUNS = (
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",
-        "the same, held-out pairs with payouts drawn per seed, the safe arm better in about half "
-        "(`BanditPayoutsHeldout-v0`; fixed payouts in training)",
+        "the same, payouts drawn per seed, the safe arm better in about half (`BanditPayoutsHeldout-v0`)",
         "BanditPayoutsHeldout-v0",
     ),
 )
@@ -699,7 +698,7 @@ def real_model_table(results: dict) -> list[str]:
         worst = max(b["success"] for b in base.values())
         errors = min(b["format_error_rate"] for b in base.values())
         lines.append(
-            f"| the model as it is, {len(base)} envs (`python -m experiments.real_model baseline ENV_ID`) | "
+            f"| the model as it is, {len(base)} envs (`experiments.real_model baseline`) | "
             f"at most {worst:.3f} on any env; format errors at least {errors:.3f} of turns | "
             f"{base[next(iter(base))]['episodes']} episodes per env |"
         )
