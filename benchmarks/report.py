@@ -510,7 +510,7 @@ def finished_rows_lines(r: dict) -> list[str]:
         f"## Finished rows leave the batch (`python benchmarks/utilisation.py finished`, {stamp(r)})",
         "",
         "`model.generate` keeps computing a row whose reply has ended until the call's last reply ends; `HFBackend` "
-        "ends a call once half its rows are done (4 or more tokens of the limit left) and goes on with the others "
+        "ends a call once a quarter of its rows are done (8 or more tokens of the limit left) and goes on with the others "
         "from their kept cache (`drop_finished_rows`, on by default with KV reuse; tokens drawn from the same "
         "softmax, tested). The same FrozenLake rollout (3 turns, replies stopped at `</answer>` or 48 tokens, "
         "temperature 1, same seed) both ways, side by side in each repeat.",

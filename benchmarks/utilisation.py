@@ -34,7 +34,8 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
 
 - finished: the rollout of ``rollout_episodes`` FrozenLake episodes with the rows whose reply has ended carried to
   the end of each ``generate`` call, and dropped (``HFBackend(drop_finished_rows=True)``, the default: a call ends
-  once half its rows are done, the others go on from their kept cache), side by side in each repeat, same seed.
+  once a quarter of its rows are done, the others go on from their kept cache), side by side in each repeat, same
+  seed.
 
 - threads: the first train and decode shapes with torch's default threads (one per core) and with one, side by
   side in each repeat: what ``train.py --torch_threads 1`` buys a small model.

@@ -624,12 +624,7 @@ def collapse_real_lines(r: dict) -> list[str]:
 # the real-model runs the README shows: (recipe, flags without --seed, what it is[, one of its eval envs])
 README_RUNS = (
     ("recipes/smollm2-cpu-frozenlake.yaml", "", "FrozenLake: short warm start, then StarPO-S"),
-    ("experiments/recipes/smollm2-cpu-frozenlake-untouched.yaml", "", "FrozenLake from the model as it is (no SFT)"),
-    (
-        "experiments/recipes/smollm2-cpu-bandit-pairs-mirror.yaml",
-        "--max_steps 60",
-        "Bandit, format-only warm start; BanditTest (one unseen name pair)",
-    ),
+    ("recipes/smollm2-cpu-frozenlake-untouched.yaml", "", "FrozenLake 3x3 from the model as it is (no SFT)"),
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",

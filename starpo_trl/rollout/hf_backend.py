@@ -73,15 +73,19 @@ class HFBackend:
     the whole cache for every sampled token, work that grows with rows x history.
 
     Finished rows leave the batch (``drop_finished_rows``, with KV reuse): ``generate`` pads a row whose
-    reply has ended and keeps computing it until the last reply ends. Once at least half of a call's
-    rows are done and ``MIN_STEPS_LEFT`` or more tokens of the limit remain, the call ends there and the
+    reply has ended and keeps computing it until the last reply ends. Once a quarter of a call's rows
+    (``DROP_SHARE``) are done and ``MIN_STEPS_LEFT`` or more tokens of the limit remain, the call ends there and the
     rows still sampling go on in a new call from their kept cache (feeding the last token they sampled,
     as the next decode step would), so the batch shrinks as replies end. Every token is still drawn from
     ``softmax(logits / T)``, but the random draws are not the ones a single call would make.
     """
 
     stops_rows = True  # the engine passes ``done``: each row stops at its own limit / stop string
-    MIN_STEPS_LEFT = 4  # a call ends early only with at least this many tokens of its limit left
+    DROP_SHARE = 0.25  # a call ends early once this share of its rows is done (a rollout's replies often end in two
+    # clusters: short ones at the stop string, long ones at the limit; half of the rows was seldom reached)
+    MIN_STEPS_LEFT = (
+        8  # ... and at least this many tokens of its limit are left, to pay for laying out the cache again
+    )
 
     def __init__(
         self,
@@ -155,7 +159,7 @@ class HFBackend:
 
     def _call(self, sequences, max_new_tokens, temperature, done, early: bool, continued: bool):
         """One ``model.generate`` call over ``sequences`` (each extending its kept entry, if any). ``early``:
-        end the call once half of the rows are done (``MIN_STEPS_LEFT`` tokens or more left). ``continued``:
+        end the call once ``DROP_SHARE`` of the rows are done (``MIN_STEPS_LEFT`` tokens or more left). ``continued``:
         these rows' replies began in an earlier call, so the token each feeds is a decode step, not prefill.
         -> each row's (ids, logprobs), whether it ended (a stop, an end-of-turn token, the limit), and each
         row's entry to keep (``{row: (tokens, per-layer keys and values)}``; none without KV reuse)."""
@@ -186,7 +190,9 @@ class HFBackend:
         self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
         record = _SampledLogprobs(1.0 if greedy else temperature)
         rows_done = (
-            _RowsDone(done, ls, self.eos_token_ids, max_new_tokens - self.MIN_STEPS_LEFT if early else None)
+            _RowsDone(
+                done, ls, self.eos_token_ids, max_new_tokens - self.MIN_STEPS_LEFT if early else None, self.DROP_SHARE
+            )
             if done is not None or early
             else None
         )
@@ -369,12 +375,14 @@ class _RowsDone:
     tokens only) or it wrote an end-of-turn token (``ends[i]``: its reply's length then). ``generate`` pads a done
     row from there on and stops when all are, so a batch whose replies all hit a stop string is not sampled on to
     the token limit, and the reply kept (with its cache) is exactly the cut one. ``early_until`` (a token count):
-    the call also ends, for every row, once half of them or more are done, while fewer tokens than that have been
-    sampled (the rows not done go on in another call)."""
+    the call also ends, for every row, once ``drop_share`` of the rows or more are done (at least one), while no
+    more tokens than that have been sampled (the rows not done go on in another call)."""
 
-    def __init__(self, done, start: int, eos_token_ids: list[int], early_until: int | None = None):
+    def __init__(
+        self, done, start: int, eos_token_ids: list[int], early_until: int | None = None, drop_share: float = 0.5
+    ):
         self.done, self.start, self.eos = done, start, set(eos_token_ids)
-        self.early_until = early_until
+        self.early_until, self.drop_share = early_until, drop_share
         self.ends: dict[int, int] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -385,7 +393,8 @@ class _RowsDone:
         n = len(rows)
         if (
             self.early_until is not None
-            and 2 * len(self.ends) >= n > len(self.ends)
+            and len(self.ends) >= max(1.0, self.drop_share * n)
+            and n > len(self.ends)
             and len(rows[0]) <= self.early_until
         ):
             return torch.ones(n, dtype=torch.bool, device=input_ids.device)

@@ -335,7 +335,7 @@ def test_kv_reuse_across_turns_gives_the_same_tokens_and_logprobs(tiny_tokenizer
 
 
 def test_finished_rows_leave_the_batch_and_replies_stay_exact(tiny_tokenizer, tiny_model):
-    """With ``drop_finished_rows`` a call ends once half its rows are done and the others go on in a new call from
+    """With ``drop_finished_rows`` a call ends once a quarter of its rows are done and the others go on in a new call from
     their kept cache: greedy replies are the ones one call gives (and a full re-read), decode work counted by hand,
     sampled replies' logprobs equal a forward pass, and the next turn reads every row's cache, wherever it ended."""
     from types import SimpleNamespace
@@ -361,10 +361,11 @@ def test_finished_rows_leave_the_batch_and_replies_stay_exact(tiny_tokenizer, ti
         assert a[0] == b[0] == c[0]
         assert max(abs(x - y) for x, y in zip(a[1], b[1])) < 1e-5
     assert [len(ids) for ids, _ in got[0]] == limits
-    # turn 1: 4 rows x 3 steps (rows 0 and 1 done at step 3: half of the rows, 9 of 12 tokens left >= 4); rows 2 and
-    # 3 for 5 steps (row 2 done at 8 tokens: half, 4 left); row 3 alone for the last 4. One call alone: 4 rows x 12
-    # steps. Turn 2: 4 rows x 5 steps, ending together
-    assert dropping.row_steps == 4 * 3 + 2 * 5 + 1 * 4 + 4 * 5 and whole.row_steps == 4 * 12 + 4 * 5
+    # turn 1 (a call ends once a quarter of its rows, at least one, are done with 8 or more of its tokens left):
+    # 4 rows x 2 steps (row 0 done, 10 left); rows 1-3 x 1 step (row 1 done at 3 tokens, 9 left); rows 2 and 3 for the
+    # last 9 (row 2 is done at 8 tokens, with 4 left: too few to end the call). One call alone: 4 rows x 12 steps.
+    # Turn 2: 4 rows x 5 steps, fewer than 8 tokens in all
+    assert dropping.row_steps == 4 * 2 + 3 * 1 + 2 * 9 + 4 * 5 and whole.row_steps == 4 * 12 + 4 * 5
     assert dropping.decode_steps == whole.decode_steps == 12 + 5
     assert dropping.reply_tokens == whole.reply_tokens == sum(limits) + 4 * 5
     # the token a continued row feeds is a decode step, not prefill; turn 2 reads only each row's reply's last token
