@@ -327,7 +327,7 @@ def rollout_row(model, tok, episodes: int, repeats: int) -> dict:
     """A rollout as training plays it (``lake_rollout``). Model FLOPs of its linear layers (the tokens read and the
     reply tokens kept) per second; and the finished-row share: the part of the decode work (rows x sampling steps)
     spent on rows whose reply had already ended, which the batch carries until its last reply ends (or, with
-    ``drop_finished_rows``, until half of its rows have ended)."""
+    ``drop_finished_rows``, until a quarter of its rows have ended)."""
     per_token = weight_flops_per_token(model)
     seconds, flops, finished, turns = [], [], [], []
     for repeat in range(repeats):

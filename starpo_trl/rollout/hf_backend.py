@@ -81,11 +81,11 @@ class HFBackend:
     """
 
     stops_rows = True  # the engine passes ``done``: each row stops at its own limit / stop string
-    DROP_SHARE = 0.25  # a call ends early once this share of its rows is done (a rollout's replies often end in two
-    # clusters: short ones at the stop string, long ones at the limit; half of the rows was seldom reached)
-    MIN_STEPS_LEFT = (
-        8  # ... and at least this many tokens of its limit are left, to pay for laying out the cache again
-    )
+    # a call ends early once this share of its rows is done (a rollout's replies often end in two clusters: short
+    # ones at the stop string, long ones at the limit; half of the rows was seldom reached) and at least
+    # MIN_STEPS_LEFT tokens of its limit are left, to pay for laying out the cache again
+    DROP_SHARE = 0.25
+    MIN_STEPS_LEFT = 8
 
     def __init__(
         self,
@@ -189,13 +189,9 @@ class HFBackend:
         own = self.model.generation_config
         self.model.generation_config = GenerationConfig()  # nothing of the checkpoint's sampling settings leaks in
         record = _SampledLogprobs(1.0 if greedy else temperature)
-        rows_done = (
-            _RowsDone(
-                done, ls, self.eos_token_ids, max_new_tokens - self.MIN_STEPS_LEFT if early else None, self.DROP_SHARE
-            )
-            if done is not None or early
-            else None
-        )
+        until = max_new_tokens - self.MIN_STEPS_LEFT if early else None
+        rows_done = _RowsDone(done, ls, self.eos_token_ids, early_until=until, drop_share=self.DROP_SHARE)
+        rows_done = rows_done if done is not None or early else None
         try:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
@@ -379,7 +375,7 @@ class _RowsDone:
     more tokens than that have been sampled (the rows not done go on in another call)."""
 
     def __init__(
-        self, done, start: int, eos_token_ids: list[int], early_until: int | None = None, drop_share: float = 0.5
+        self, done, start: int, eos_token_ids: list[int], *, early_until: int | None = None, drop_share: float = 0.0
     ):
         self.done, self.start, self.eos = done, start, set(eos_token_ids)
         self.early_until, self.drop_share = early_until, drop_share

@@ -174,15 +174,9 @@ def test_trainer_pushes_only_the_adapter_with_a_new_request_each_step(
 def test_config_refuses_sleep_mode_on_cpu(tmp_path):
     """vLLM's CPU engine refuses sleep mode (tests/vllm_engine checks it against the real engine): refused here,
     before any model loads; with a GPU engine it is TRL's setting as it is."""
-    base = dict(
-        output_dir=str(tmp_path),
-        env_id="starpo/Bandit-v0",
-        num_start_states=2,
-        num_generations=2,
-        per_device_train_batch_size=4,
-        report_to=[],
-    )
+    from helpers import make_args
+
     with pytest.raises(ValueError, match="leave it off with use_cpu=True"):
-        StarPOConfig(**base, use_vllm=True, vllm_enable_sleep_mode=True, use_cpu=True)
-    assert StarPOConfig(**base, use_vllm=True, vllm_enable_sleep_mode=True).vllm_enable_sleep_mode
-    assert StarPOConfig(**base, vllm_enable_sleep_mode=True, use_cpu=True).use_cpu  # no vLLM: the setting is unused
+        make_args(tmp_path, use_vllm=True, vllm_enable_sleep_mode=True, use_cpu=True)
+    assert make_args(tmp_path, use_vllm=True, vllm_enable_sleep_mode=True).vllm_enable_sleep_mode
+    assert make_args(tmp_path, vllm_enable_sleep_mode=True, use_cpu=True).use_cpu  # no vLLM: the setting is unused
