@@ -458,76 +458,104 @@ def with_note(lines: list[str], r: dict) -> list[str]:
     return lines + (["", f"({r['note']}.)"] if r.get("note") else []) + [""]
 
 
+def table_section(
+    title: str, command: str, r: dict, intro: str, header: list[str], rows: list[list[str]]
+) -> list[str]:
+    """A measured section as a heading with its command and stamp, a paragraph, one table and the stored note."""
+    lines = [f"## {title} (`{command}`, {stamp(r)})", "", intro, ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return with_note(lines + ["| " + " | ".join(row) + " |" for row in rows], r)
+
+
+def _times(values: list[float], digits: int = 2) -> str:
+    return ", ".join(f"{v:.{digits}f}" for v in values)
+
+
 def checkpointing_lines(r: dict) -> list[str]:
     """`utilisation.py checkpointing`: the training step with activation checkpointing on and off, side by side."""
-    lines = [
-        f"## Activation checkpointing (`python benchmarks/utilisation.py checkpointing`, {stamp(r)})",
-        "",
+    rows = [
+        [
+            name,
+            f"{x['rows']} x {x['length']} tokens",
+            _times(x["on"], 3),
+            _times(x["off"], 3),
+            f"x{_mfu(x['off_speedup'])}",
+        ]
+        for name, x in r["per_model"].items()
+    ]
+    return table_section(
+        "Activation checkpointing",
+        "python benchmarks/utilisation.py checkpointing",
+        r,
         "Forward + backward of one micro-batch with activation checkpointing on (TRL's configs turn it on by "
         "default; every layer's forward runs again in the backward pass) and off, side by side in each repeat; "
         "same gradients. The CPU demo recipes turn it off (`gradient_checkpointing: false`); a model whose "
         "activations do not fit keeps it on.",
-        "",
-        "| model | micro-batch | seconds on | seconds off | off: speedup, median (min-max) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, x in r["per_model"].items():
-        lines.append(
-            f"| {name} | {x['rows']} x {x['length']} tokens | {', '.join(f'{v:.3f}' for v in x['on'])} | "
-            f"{', '.join(f'{v:.3f}' for v in x['off'])} | x{_mfu(x['off_speedup'])} |"
-        )
-    return with_note(lines, r)
+        ["model", "micro-batch", "seconds on", "seconds off", "off: speedup, median (min-max)"],
+        rows,
+    )
 
 
 def padding_lines(r: dict) -> list[str]:
     """`utilisation.py padding`: a generation batch's micro-batches as TRL pads them and cut to their own width."""
-    lines = [
-        f"## Micro-batches at their own width (`python benchmarks/utilisation.py padding`, {stamp(r)})",
-        "",
+    rows = [
+        [
+            name,
+            kind,
+            f"{x['rows']}, {x['micro']}",
+            f"{x['prompt']}, {x['lengths'][0]}-{x['lengths'][1]}",
+            f"{x['padded_columns']} -> {x['cut_columns']}",
+            _times(x["uncut"]),
+            _times(x["cut"]),
+            f"x{_mfu(x['cut_speedup'])}",
+        ]
+        for name, per_kind in r["per_model"].items()
+        for kind, x in per_kind.items()
+    ]
+    return table_section(
+        "Micro-batches at their own width",
+        "python benchmarks/utilisation.py padding",
+        r,
         "TRL pads every micro-batch of a generation batch to the batch's longest completion; "
         "`MultiTurnStarPOTrainer.compute_loss` cuts the columns that are padding in every row of its micro-batch "
         "(same loss and gradients to float rounding, tested). Forward + backward of every micro-batch of one "
         "generation batch (shuffled, then split, as TRL does) both ways, side by side in each repeat. Completion "
         "lengths drawn uniformly between the bounds shown, not measured rollouts.",
-        "",
-        "| model | batch | rows, micro-batch rows | prompt, completion tokens | completion columns: padded -> cut | "
-        "seconds padded | seconds cut | cut: speedup, median (min-max) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, rows in r["per_model"].items():
-        for kind, x in rows.items():
-            lines.append(
-                f"| {name} | {kind} | {x['rows']}, {x['micro']} | {x['prompt']}, {x['lengths'][0]}-{x['lengths'][1]} "
-                f"| {x['padded_columns']} -> {x['cut_columns']} | {', '.join(f'{v:.2f}' for v in x['uncut'])} | "
-                f"{', '.join(f'{v:.2f}' for v in x['cut'])} | x{_mfu(x['cut_speedup'])} |"
-            )
-    return with_note(lines, r)
+        ["model", "batch", "rows, micro-batch rows", "prompt, completion tokens", "completion columns: padded -> cut",
+         "seconds padded", "seconds cut", "cut: speedup, median (min-max)"],
+        rows,
+    )  # fmt: skip
 
 
 def finished_rows_lines(r: dict) -> list[str]:
     """`utilisation.py finished`: a rollout with finished rows carried to the end of each call and dropped."""
-    lines = [
-        f"## Finished rows leave the batch (`python benchmarks/utilisation.py finished`, {stamp(r)})",
-        "",
-        "`model.generate` keeps computing a row whose reply has ended until the call's last reply ends; `HFBackend` "
-        "ends a call once a quarter of its rows are done (8 or more tokens of the limit left) and goes on with the others "
-        "from their kept cache (`drop_finished_rows`, on by default with KV reuse; tokens drawn from the same "
-        "softmax, tested). The same FrozenLake rollout (3 turns, replies stopped at `</answer>` or 48 tokens, "
-        "temperature 1, same seed) both ways, side by side in each repeat.",
-        "",
-        "| model | episodes | finished-row share: carried -> dropped | rows x steps: carried -> dropped | "
-        "seconds carried | seconds dropped | dropped: speedup, median (min-max) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for name, x in r["per_model"].items():
         share, steps = x["finished_row_share"], x["row_steps"]
-        lines.append(
-            f"| {name} | {x['episodes']} | {share['carried']['median']:.3f} -> {share['dropped']['median']:.3f} | "
-            f"{statistics.median(steps['carried']):.0f} -> {statistics.median(steps['dropped']):.0f} | "
-            f"{', '.join(f'{v:.2f}' for v in x['carried'])} | {', '.join(f'{v:.2f}' for v in x['dropped'])} | "
-            f"x{_mfu(x['dropped_speedup'])} |"
+        rows.append(
+            [
+                name,
+                str(x["episodes"]),
+                f"{share['carried']['median']:.3f} -> {share['dropped']['median']:.3f}",
+                f"{statistics.median(steps['carried']):.0f} -> {statistics.median(steps['dropped']):.0f}",
+                _times(x["carried"]),
+                _times(x["dropped"]),
+                f"x{_mfu(x['dropped_speedup'])}",
+            ]
         )
-    return with_note(lines, r)
+    return table_section(
+        "Finished rows leave the batch",
+        "python benchmarks/utilisation.py finished",
+        r,
+        "`model.generate` keeps computing a row whose reply has ended until the call's last reply ends; `HFBackend` "
+        "ends a call once a quarter of its rows are done (8 or more tokens of the limit left) and goes on with the "
+        "others from their kept cache (`drop_finished_rows`, on by default with KV reuse; tokens drawn from the same "
+        "softmax, tested). The same FrozenLake rollout (3 turns, replies stopped at `</answer>` or 48 tokens, "
+        "temperature 1, same seed) both ways, side by side in each repeat.",
+        ["model", "episodes", "finished-row share: carried -> dropped", "rows x steps: carried -> dropped",
+         "seconds carried", "seconds dropped", "dropped: speedup, median (min-max)"],
+        rows,
+    )  # fmt: skip
 
 
 def _ratio_spread(b: dict) -> str:
