@@ -558,6 +558,39 @@ def finished_rows_lines(r: dict) -> list[str]:
     )  # fmt: skip
 
 
+def decode_split_lines(r: dict) -> list[str]:
+    """`utilisation.py decode`: where a decode step's time goes, by rows and cached history length."""
+    rows = [
+        [
+            name,
+            str(x["batch"]),
+            history,
+            f"{s['step_seconds']:.3f}",
+            f"{s['linear_share']:.2f}",
+            f"{s['history_share']:.2f}",
+            f"{s['sampling_share']:.2f}",
+            f"{s['rest_share']:.2f}",
+        ]
+        for name, per_batch in r["per_model"].items()
+        for x in per_batch
+        for history, s in x["split"].items()
+    ]
+    return table_section(
+        "Where a decode step's time goes",
+        "python benchmarks/utilisation.py decode",
+        r,
+        "HF backend decode steps continuing rows whose history is in the kept cache, median of 3 repeats. Each "
+        "step's time is fitted as a line in the cached history (least squares over the lengths shown): the slope "
+        "is attention over the history (reading its keys and values). The linear layers' share is their time at "
+        "the matmul rate this machine reaches for that many rows; sampling (the log-softmax the logprobs are read "
+        "from, softmax and the draw over the vocabulary) is timed alone; the rest is norms, rotary embeddings, the "
+        "mask and cache bookkeeping and the Python of each step.",
+        ["model", "rows", "cached tokens", "step seconds", "linear layers", "attention over the history", "sampling",
+         "rest"],
+        rows,
+    )  # fmt: skip
+
+
 def _ratio_spread(b: dict) -> str:
     """``speedup`` with the min-max of its repeats where they were stored (older runs kept a median only)."""
     repeats = b.get("speedup_repeats")
@@ -680,6 +713,7 @@ SECTIONS = (
     one("activation_checkpointing", checkpointing_lines),
     one("micro_batch_padding", padding_lines),
     one("finished_rows", finished_rows_lines),
+    one("decode_split", decode_split_lines),
     one("critic_memory", critic_memory_lines),
     gpu_check_lines,
 )

@@ -6,6 +6,7 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
     python benchmarks/utilisation.py checkpointing   # only the training step, activation checkpointing on and off
     python benchmarks/utilisation.py padding         # only the training step, micro-batches cut to their own width
     python benchmarks/utilisation.py finished        # only the rollout, finished rows carried and dropped
+    python benchmarks/utilisation.py decode          # only decode steps, split by where their time goes
 
 - peak: the FLOP/s of one large square fp32 matmul (2,048 cubed) with the threads torch uses: the machine's
   limit, which every MFU is measured against. Beside it, the rate of the model's own weight shapes (``F.linear``
@@ -36,6 +37,11 @@ training step, for the tiny model and SmolLM2-135M-Instruct (when built: ``make 
   the end of each ``generate`` call, and dropped (``HFBackend(drop_finished_rows=True)``, the default: a call ends
   once a quarter of its rows are done, the others go on from their kept cache), side by side in each repeat, same
   seed.
+
+- decode: decode steps of 64 and of 8 rows at 64 to 1,024 cached history tokens; each step's time fitted as a line
+  in the history (least squares): the slope is attention over the history (reading its keys and values), and the
+  step splits into the linear layers (at the rate measured for that many rows), attention over the history, the
+  sampling (log-softmax for the logprobs, softmax and the draw over the vocabulary, timed alone) and the rest.
 
 - threads: the first train and decode shapes with torch's default threads (one per core) and with one, side by
   side in each repeat: what ``train.py --torch_threads 1`` buys a small model.
@@ -188,6 +194,55 @@ def decode_row(model, tok, batch: int, history: int, new: int, rates: dict, repe
         "step_seconds_with_check": spread(checked),
         "check_share": 1 - statistics.median(plain) / statistics.median(checked),
         "tokens_per_second": spread([batch / t for t in plain]),
+    }
+
+
+def sampling_seconds(rows: int, vocab: int, repeats: int) -> float:
+    """One decode step's sampling work on ``rows x vocab`` logits, as ``HFBackend`` does it: the logprob record's
+    float log-softmax (and the gather of the previous step's token), then ``generate``'s temperature, softmax and
+    multinomial draw."""
+    from starpo_trl.rollout.hf_backend import _SampledLogprobs
+
+    torch.manual_seed(0)
+    logits, ids = torch.randn(rows, vocab), torch.randint(0, vocab, (rows, 1))
+    record = _SampledLogprobs(1.0)
+
+    def step() -> None:
+        scores = record(ids, logits)
+        torch.multinomial(torch.softmax(scores / 0.7, dim=-1), 1)
+
+    return timed(step, repeats)
+
+
+def decode_split_row(model, tok, batch: int, histories: tuple[int, ...], new: int, rates: dict, repeats: int) -> dict:
+    """Decode steps of ``batch`` rows (``decode_row``) at each cached history length, and where a step's time goes.
+    The step time against the mean context of the call's steps, fitted by least squares: the slope is what each
+    cached token costs a step (attention reading its keys and values, the mask over it), the intercept the part
+    that does not grow with the history. Beside them, the linear layers' time at the rate this machine reaches for
+    ``batch`` rows and the sampling's (``sampling_seconds``); the rest is the fixed part's remainder (norms, rotary
+    embeddings, the mask and cache bookkeeping, the Python of each step)."""
+    rows = [decode_row(model, tok, batch, h, new, rates, repeats) for h in histories]
+    xs = [h + new / 2 for h in histories]
+    ys = [r["step_seconds"]["median"] for r in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    rate = rates[min(rates, key=lambda m: abs(m - batch))]
+    linear = batch * weight_flops_per_token(model) / rate
+    sampling = sampling_seconds(batch, model.config.get_text_config().vocab_size, repeats)
+    split = {}
+    for h, x, y in zip(histories, xs, ys):
+        shares = {"linear": linear / y, "history": slope * x / y, "sampling": sampling / y}
+        split[str(h)] = {"step_seconds": y, **{f"{k}_share": v for k, v in shares.items()}}
+        split[str(h)]["rest_share"] = 1 - sum(shares.values())
+    return {
+        "batch": batch,
+        "new_tokens": new,
+        "decode": rows,
+        "seconds_per_history_token": slope,
+        "fixed_seconds": my - slope * mx,
+        "linear_seconds": linear,
+        "sampling_seconds": sampling,
+        "split": split,
     }
 
 
@@ -466,6 +521,8 @@ SHAPES = {
     "train": [(4, 256, None), (4, 256, 64)],
     # name: (rows, micro-batch rows, prompt tokens, (shortest, longest) completion)
     "padding": {"FrozenLake-like": (32, 2, 192, (64, 512)), "Bandit-like": (32, 8, 256, (4, 64))},
+    # (rows, cached history lengths, new tokens): decode steps split by where their time goes
+    "decode_split": [(64, (64, 256, 512, 1024), 16), (8, (64, 256, 512, 1024), 16)],
 }
 QUICK = {
     "rows": (1, 64, 512),
@@ -475,6 +532,7 @@ QUICK = {
     "decode": [(8, 64, 8)],
     "train": [(4, 128, None)],
     "padding": {"FrozenLake-like": (8, 2, 32, (8, 64))},
+    "decode_split": [(8, (16, 64), 8)],
 }
 
 
@@ -485,11 +543,12 @@ def main(argv=None) -> None:
         "part",
         nargs="?",
         default="all",
-        choices=["all", "checkpointing", "padding", "finished"],
+        choices=["all", "checkpointing", "padding", "finished", "decode"],
         help="checkpointing: only the training step with activation checkpointing on and off (section "
         "activation_checkpointing); padding: only the training step with micro-batches uncut and cut to their "
         "own width (section micro_batch_padding); finished: only the rollout, finished rows carried and dropped "
-        "(section finished_rows)",
+        "(section finished_rows); decode: only decode steps at several cached history lengths, split into "
+        "linear layers, attention over the history, sampling and the rest (section decode_split)",
     )
     p.add_argument("--note", help="stored with the section, e.g. what else ran on the machine")
     a = p.parse_args(argv)
@@ -537,6 +596,23 @@ def main(argv=None) -> None:
                 "finished_rows",
                 {"per_model": per_model, **note},
                 seeds=list(range(repeats)),
+                wall_seconds=time.time() - start,
+            )
+        return
+    if a.part == "decode":
+        per_model = {}
+        for name, model, tok in models(a.quick):
+            model.float()
+            rates = matmul_rates(model, shapes["rows"])
+            per_model[name] = rows = [decode_split_row(model, tok, *x, rates, repeats) for x in shapes["decode_split"]]
+            for row in rows:
+                longest = row["split"][max(row["split"], key=int)]
+                print(name, row["batch"], "rows:", {k: round(v, 3) for k, v in longest.items()}, flush=True)
+        if not a.quick:
+            report.store(
+                "decode_split",
+                {"per_model": per_model, "shapes": shapes["decode_split"], **note},
+                seeds=[0],
                 wall_seconds=time.time() - start,
             )
         return

@@ -350,6 +350,44 @@ def test_finished_rows_are_timed_carried_and_dropped_and_the_table_renders(tmp_p
     )
 
 
+def test_decode_split_fits_the_history_line_and_the_table_renders(tmp_path, monkeypatch, tiny_tokenizer):
+    """`utilisation.py decode`: the step times at each history length (stand-ins here, on a line worked out by
+    hand: 0.1 s + 0.0002 s per token of mean context) give back that slope and intercept; the shares are the
+    linear layers' time at the rate for that many rows, the slope's part, the timed sampling and the rest, adding
+    to one; BENCHMARKS.md shows a row per history length."""
+    import report
+    import utilisation
+
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer)
+
+    def fake_decode_row(model, tok, batch, history, new, rates, repeats):
+        return {"history_tokens": history, "step_seconds": utilisation.spread([0.1 + 0.0002 * (history + new / 2)])}
+
+    monkeypatch.setattr(utilisation, "decode_row", fake_decode_row)
+    monkeypatch.setattr(utilisation, "sampling_seconds", lambda rows, vocab, repeats: 0.01)
+    per_token = utilisation.weight_flops_per_token(model)
+    rates = {8: 8 * per_token / 0.02, 64: 1.0}  # the linear layers of 8 rows take 0.02 s at the 8-row rate
+    row = utilisation.decode_split_row(model, tiny_tokenizer, 8, (64, 256), 16, rates, 1)
+    assert abs(row["seconds_per_history_token"] - 0.0002) < 1e-12 and abs(row["fixed_seconds"] - 0.1) < 1e-12
+    step = 0.1 + 0.0002 * 264  # 256 cached + 8 on average while the 16 new tokens are sampled
+    split = row["split"]["256"]
+    assert abs(split["step_seconds"] - step) < 1e-12
+    assert abs(split["linear_share"] - 0.02 / step) < 1e-9 and abs(split["sampling_share"] - 0.01 / step) < 1e-9
+    assert abs(split["history_share"] - 0.0002 * 264 / step) < 1e-9
+    assert abs(split["rest_share"] - (0.1 - 0.02 - 0.01) / step) < 1e-9
+    assert 0 < utilisation.sampling_seconds(4, 100, 1) < 1
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "BENCHMARKS.md")
+    report.store("decode_split", {"per_model": {"tiny": [row]}}, seeds=[0])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text == report.render(report.load())
+    assert "## Where a decode step's time goes (`python benchmarks/utilisation.py decode`" in text
+    assert "| tiny | 8 | 256 | 0.153 | 0.13 | 0.35 | 0.07 | 0.46 |" in text
+
+
 def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkeypatch):
     """benchmarks/utilisation.py: the FLOPs it divides by are the model's linear layers (worked out here from the
     tiny model's config), the quick run measures every part, and BENCHMARKS.md shows each row with its spread."""
