@@ -536,6 +536,38 @@ QUICK = {
 }
 
 
+def checkpointing_part(model, tok, shapes: dict, repeats: int) -> tuple[dict, str]:
+    rows, length, _ = shapes["train"][0]
+    row = checkpointing_row(model, rows, length, repeats)
+    return row, f"train {rows} x {length}: checkpointing off x{row['off_speedup']['median']:.2f}"
+
+
+def padding_part(model, tok, shapes: dict, repeats: int) -> tuple[dict, str]:
+    rows = {k: padding_row(model, *v, repeats) for k, v in shapes["padding"].items()}
+    return rows, ", ".join(f"{k}: cut to own width x{row['cut_speedup']['median']:.2f}" for k, row in rows.items())
+
+
+def finished_part(model, tok, shapes: dict, repeats: int) -> tuple[dict, str]:
+    row = finished_rows_row(model, tok, shapes["rollout_episodes"], repeats)
+    return row, f"rollout, finished rows dropped x{row['dropped_speedup']['median']:.2f}"
+
+
+def decode_part(model, tok, shapes: dict, repeats: int) -> tuple[list, str]:
+    rates = matmul_rates(model, shapes["rows"])
+    rows = [decode_split_row(model, tok, *x, rates, repeats) for x in shapes["decode_split"]]
+    longest = [(row["batch"], row["split"][max(row["split"], key=int)]) for row in rows]
+    return rows, "; ".join(f"{b} rows: " + str({k: round(v, 3) for k, v in s.items()}) for b, s in longest)
+
+
+# part -> (results section, what it measures per model, the shapes it stores, seeds stored: one per repeat or [0])
+PARTS = {
+    "checkpointing": ("activation_checkpointing", checkpointing_part, None, False),
+    "padding": ("micro_batch_padding", padding_part, "padding", False),
+    "finished": ("finished_rows", finished_part, None, True),
+    "decode": ("decode_split", decode_part, "decode_split", False),
+}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one repeat, small shapes, the tiny model; stores nothing")
@@ -543,7 +575,7 @@ def main(argv=None) -> None:
         "part",
         nargs="?",
         default="all",
-        choices=["all", "checkpointing", "padding", "finished", "decode"],
+        choices=["all", *PARTS],
         help="checkpointing: only the training step with activation checkpointing on and off (section "
         "activation_checkpointing); padding: only the training step with micro-batches uncut and cut to their "
         "own width (section micro_batch_padding); finished: only the rollout, finished rows carried and dropped "
@@ -555,64 +587,19 @@ def main(argv=None) -> None:
     note = {"note": a.note} if a.note else {}
     start = time.time()
     shapes, repeats = (QUICK, 1) if a.quick else (SHAPES, REPEATS)
-    if a.part == "checkpointing":
-        rows, length, _ = shapes["train"][0]
-        per_model = {}
-        for name, model, _tok in models(a.quick):
-            model.float()
-            per_model[name] = row = checkpointing_row(model, rows, length, repeats)
-            print(name, f"train {rows} x {length}: checkpointing off x{row['off_speedup']['median']:.2f}", flush=True)
-        if not a.quick:
-            report.store(
-                "activation_checkpointing",
-                {"per_model": per_model, **note},
-                seeds=[0],
-                wall_seconds=time.time() - start,
-            )
-        return
-    if a.part == "padding":
-        per_model = {}
-        for name, model, _tok in models(a.quick):
-            model.float()
-            per_model[name] = rows = {k: padding_row(model, *v, repeats) for k, v in shapes["padding"].items()}
-            for k, row in rows.items():
-                print(name, k, f"cut to own width x{row['cut_speedup']['median']:.2f}", flush=True)
-        if not a.quick:
-            report.store(
-                "micro_batch_padding",
-                {"per_model": per_model, "shapes": shapes["padding"], **note},
-                seeds=[0],
-                wall_seconds=time.time() - start,
-            )
-        return
-    if a.part == "finished":
+    if a.part in PARTS:
+        section, run, stored_shapes, seed_per_repeat = PARTS[a.part]
         per_model = {}
         for name, model, tok in models(a.quick):
             model.float()
-            per_model[name] = row = finished_rows_row(model, tok, shapes["rollout_episodes"], repeats)
-            print(name, f"rollout, finished rows dropped x{row['dropped_speedup']['median']:.2f}", flush=True)
+            per_model[name], line = run(model, tok, shapes, repeats)
+            print(name, line, flush=True)
+        extra = {"shapes": shapes[stored_shapes]} if stored_shapes else {}
         if not a.quick:
             report.store(
-                "finished_rows",
-                {"per_model": per_model, **note},
-                seeds=list(range(repeats)),
-                wall_seconds=time.time() - start,
-            )
-        return
-    if a.part == "decode":
-        per_model = {}
-        for name, model, tok in models(a.quick):
-            model.float()
-            rates = matmul_rates(model, shapes["rows"])
-            per_model[name] = rows = [decode_split_row(model, tok, *x, rates, repeats) for x in shapes["decode_split"]]
-            for row in rows:
-                longest = row["split"][max(row["split"], key=int)]
-                print(name, row["batch"], "rows:", {k: round(v, 3) for k, v in longest.items()}, flush=True)
-        if not a.quick:
-            report.store(
-                "decode_split",
-                {"per_model": per_model, "shapes": shapes["decode_split"], **note},
-                seeds=[0],
+                section,
+                {"per_model": per_model, **extra, **note},
+                seeds=list(range(repeats)) if seed_per_repeat else [0],
                 wall_seconds=time.time() - start,
             )
         return
