@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import statistics
 
 from benchmarks.report import ROOT, measured_line, one, read, render_readme, render_sections, save, spread_text, stamp
 from benchmarks.report import provenance as provenance  # the experiments stamp each run entry with it
@@ -373,12 +374,17 @@ COMPARISON_SECTIONS = (
 
 def comparison_lines(r: dict, part: str, title: str) -> list[str]:
     """A ``learning.py`` comparison (credit, refill, overlong): per env and variant, the seeds' final held-out
-    success (mean, each), and the means of wall time, tokens trained per step, generated episodes per trained
-    episode and the share of cut turns."""
+    success (mean, each), wall time (median, range), and the means of tokens trained per step, generated episodes
+    per trained episode and the share of cut turns."""
 
     def avg(runs, key, fmt):
         values = [x[key] for x in runs if x.get(key) is not None]
         return format(sum(values) / len(values), fmt) if values else "-"
+
+    def wall(runs):  # the median and range: one run slowed by another job on the cores moves a mean
+        values = sorted(x["wall_seconds"] for x in runs)
+        middle = statistics.median(values)
+        return f"{middle:.0f}" if len(values) == 1 else f"{middle:.0f} ({values[0]:.0f}-{values[-1]:.0f})"
 
     lines = [
         f"## Learning: {title} (`python -m experiments.learning {part}`, {stamp(r)})",
@@ -386,7 +392,8 @@ def comparison_lines(r: dict, part: str, title: str) -> list[str]:
         "Tiny offline model, one warm start per env (the demo recipe's), then StarPO with each variant, the same "
         f"budgets, seeds {', '.join(map(str, r['seeds']))}; final success on 256 held-out episodes.",
         "",
-        "| env | variant | final success (mean) | per seed | wall s | tokens / step | generated / trained | cut turns |",
+        "| env | variant | final success (mean) | per seed | wall s, median (range) | tokens / step | "
+        "generated / trained | cut turns |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for env_id, e in r["per_env"].items():
@@ -395,7 +402,7 @@ def comparison_lines(r: dict, part: str, title: str) -> list[str]:
             lines.append(
                 f"| `{env_id}` | {label} | {avg(runs, 'final_success', '.3f')} | "
                 + ", ".join(f"{x['final_success']:.3f}" for x in runs)
-                + f" | {avg(runs, 'wall_seconds', '.0f')} | {avg(runs, 'tokens_per_step', '.0f')} | "
+                + f" | {wall(runs)} | {avg(runs, 'tokens_per_step', '.0f')} | "
                 f"{avg(runs, 'generated_per_trained', '.2f')} | {avg(runs, 'cut_turn_fraction', '.3f')} |"
             )
     return lines + (["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""])

@@ -317,7 +317,7 @@ def test_comparison_tables(tmp_path, monkeypatch, section, part):
     report.store(section, {"per_env": {"starpo/Sokoban-v0": {"runs": runs}}, "variants": {}}, seeds=[0, 1])
     text = (tmp_path / "REPORT.md").read_text()
     assert f"(`python -m experiments.learning {part}`" in text
-    assert "| `starpo/Sokoban-v0` | A | 0.450 | 0.300, 0.600 | 15 | 900 | 2.00 | 0.150 |" in text
+    assert "| `starpo/Sokoban-v0` | A | 0.450 | 0.300, 0.600 | 15 (10-20) | 900 | 2.00 | 0.150 |" in text
     assert "| `starpo/Sokoban-v0` | B | 0.500 | 0.500 | 30 | 900 | 2.00 | - |" in text
 
 
