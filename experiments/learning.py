@@ -103,14 +103,21 @@ def warm_started(recipe: str, warm_dir: pathlib.Path, **overrides) -> pathlib.Pa
 
 
 def run_from(warm_dir: pathlib.Path, args):
-    """A StarPO run from the warm-started model; returns the trainer (trained) and its final held-out metrics."""
+    """A StarPO run from the warm-started model; returns the trainer (trained) and its final held-out metrics. A
+    run that one of the trainer's stop rules ends (nothing to train on, the filter keeping nothing) is evaluated
+    as it stands, its metrics' ``stopped`` holding the rule's message, so one variant does not end a comparison."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from starpo_trl import MultiTurnStarPOTrainer
 
     tok = AutoTokenizer.from_pretrained(warm_dir)
     trainer = MultiTurnStarPOTrainer(AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=tok)
-    trainer.train()
+    try:
+        trainer.train()
+    except RuntimeError as stop:
+        if "steps in a row" not in str(stop):  # not a stop rule: a failure, raised as it is
+            raise
+        return trainer, {**trainer.evaluate_success(), "stopped": f"step {trainer.state.global_step}: {stop}"}
     return trainer, trainer.evaluate_success()
 
 
@@ -347,6 +354,7 @@ def compare(part: str) -> None:
                     "generated_per_trained": round(1 / kept, 3) if kept else None,
                     "cut_turn_fraction": mean_of(history, "rollout/cut_turn_fraction"),
                     "refill_rounds_mean": mean_of(history, "rollout/refill_rounds"),
+                    "stopped": final.get("stopped"),
                 }
             )
             print(env_id, runs[-1], flush=True)

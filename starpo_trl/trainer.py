@@ -250,7 +250,8 @@ class MultiTurnStarPOTrainer(GRPOTrainer):
             self.step_log.record_kept_groups(scored)
             empty = int(batch["num_items_in_batch"]) == 0  # nothing to train on: no optimizer step
             zero = scored.advantages is not None and not bool(scored.advantages.ne(0).any())
-            self._log(mode, self.empty_steps.update(empty, len(scored.kept_groups) == 0, zero_advantage=zero))
+            cut = empty and any(ep.masked_turns for ep in kept)  # overlong_turns: mask took every reply
+            self._log(mode, self.empty_steps.update(empty, not len(scored.kept_groups), zero, cut_masked=cut))
         if scored.advantages is not None:  # a trajectory's advantage on each of its rows
             episode_advantages = scored.advantages[mine]
             padding = torch.zeros(len(rows) - len(owner))

@@ -745,3 +745,37 @@ def test_critic_recipe_summary_by_hand_and_table(tmp_path, monkeypatch):
     assert "## The critic where the return can be learned (`python -m experiments.critic [ESTIMATOR]`" in text
     assert "| `gae` | `-` | 0.250 -> 0.500 | 0.00, 0.30 | 0.50 | 10 of 40 | 0.10, 0.70 | 0.20 / 0.50 | 2700 |" in text
     assert "| `bilevel_gae` | `--advantage_estimator bilevel_gae` | 0.250 -> 0.500 |" in text
+
+
+@pytest.mark.parametrize("message, stops", [("5 steps in a row had no model token", True), ("boom", False)])
+def test_a_run_ended_by_a_stop_rule_is_evaluated_and_marked_and_other_errors_raise(
+    tmp_path, monkeypatch, message, stops
+):
+    """learning.run_from: a trainer stop rule (its message says "steps in a row") ends that run only: the model is
+    evaluated as it stands and the metrics say where and why it stopped; any other error is raised."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    import starpo_trl
+    from experiments import learning
+
+    class Stopping:
+        def __init__(self, model, args, processing_class):
+            self.state = SimpleNamespace(global_step=3)
+
+        def train(self):
+            raise RuntimeError(message)
+
+        def evaluate_success(self):
+            return {"success": 0.25}
+
+    monkeypatch.setattr(starpo_trl, "MultiTurnStarPOTrainer", Stopping)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda path: None)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
+    if not stops:
+        with pytest.raises(RuntimeError, match="boom"):
+            learning.run_from(tmp_path, None)
+        return
+    _, final = learning.run_from(tmp_path, None)
+    assert final == {"success": 0.25, "stopped": "step 3: 5 steps in a row had no model token"}

@@ -52,10 +52,14 @@ class EmptySteps(TrainerCallback):
             for p in self.parameters():
                 p.grad = None
 
-    def update(self, empty: bool, filtered_out: bool, zero_advantage: bool = False) -> dict[str, float]:
+    def update(
+        self, empty: bool, filtered_out: bool, zero_advantage: bool = False, cut_masked: bool = False
+    ) -> dict[str, float]:
         """Count one training step (``empty``: no model token to train on; ``filtered_out``: because the
         filter kept no group; ``zero_advantage``: every kept advantage is 0, skipped only with
-        ``skip_zero_advantage_steps``); returns its ``rollout/empty_*`` (and ``zero_advantage_step``) metrics."""
+        ``skip_zero_advantage_steps``; ``cut_masked``: the kept episodes' replies were cut at their token limit
+        and masked out of the loss by ``overlong_turns: mask``, which the stop's message then names); returns
+        its ``rollout/empty_*`` (and ``zero_advantage_step``) metrics."""
         settings = self.settings
         self.zero_advantage = bool(settings.skip_zero_advantage_steps and zero_advantage and not empty)
         self.skip = empty or self.zero_advantage
@@ -69,6 +73,13 @@ class EmptySteps(TrainerCallback):
                 "threshold, so the policy gets no signal (collapsed, or the task is too hard or too easy). Set "
                 "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
                 "rollout_filter_empty_stop_steps."
+            )
+        if self.empty_in_a_row >= self.max_empty_steps and cut_masked:
+            raise RuntimeError(
+                f"{self.empty_in_a_row} steps in a row had no model token to train on: the kept episodes' replies "
+                "were cut at max_tokens_per_turn and overlong_turns='mask' left them out of the loss (see "
+                "rollout/cut_turn_fraction). Raise max_tokens_per_turn, set overlong_turns to 'keep' or 'penalty', "
+                "or raise max_empty_steps."
             )
         if self.empty_in_a_row >= self.max_empty_steps:
             raise RuntimeError(

@@ -200,3 +200,28 @@ def test_the_empty_step_stop_names_every_training_env_and_reads_its_own_settings
     assert steps.settings == ScoringSettings.of(args) and steps.max_empty_steps == 1
     with pytest.raises(RuntimeError, match=r"Fix the env \(starpo/Bandit-v0, starpo/FrozenLake-v0\)"):
         steps.update(True, False)
+
+
+def test_the_empty_step_stop_names_masked_cut_replies_when_they_are_the_cause(tmp_path):
+    """A step left empty because ``overlong_turns: mask`` took every reply (cut at the token limit) stops with
+    a message that names that setting and the limit, not a failing env."""
+    steps = EmptySteps.of(make_args(tmp_path, max_empty_steps=2, overlong_turns="mask"), lambda: [])
+    steps.update(True, False, cut_masked=True)
+    with pytest.raises(RuntimeError, match=r"overlong_turns='mask' left them out of the loss") as stop:
+        steps.update(True, False, cut_masked=True)
+    assert "Raise max_tokens_per_turn" in str(stop.value) and "Fix the env" not in str(stop.value)
+
+
+@pytest.mark.trains
+def test_a_run_whose_every_reply_is_cut_and_masked_stops_naming_the_mask(tmp_path, tiny_tokenizer, scripted):
+    """Every reply runs past its 12-token limit; with overlong_turns: mask no model token is left to train on,
+    and after max_empty_steps such steps the run stops naming overlong_turns (it named a failing env before)."""
+    from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, seed=3, hidden_size=32, num_layers=1)
+    args = make_args(tmp_path, overlong_turns="mask", max_empty_steps=2, rollout_filter_ratio=1.0)
+    backend = scripted("<think>" + "a b c d e f g h " * 4 + "</think><answer>Dragon</answer>")
+    trainer = MultiTurnStarPOTrainer(model, args, processing_class=tiny_tokenizer, backend=backend)
+    with pytest.raises(RuntimeError, match=r"2 steps in a row had no model token .*overlong_turns='mask'"):
+        trainer.train()
