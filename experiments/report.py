@@ -405,6 +405,14 @@ def comparison_lines(r: dict, part: str, title: str) -> list[str]:
                 + f" | {wall(runs)} | {avg(runs, 'tokens_per_step', '.0f')} | "
                 f"{avg(runs, 'generated_per_trained', '.2f')} | {avg(runs, 'cut_turn_fraction', '.3f')} |"
             )
+    stopped = [
+        f"`{env_id}` {x['variant']}, seed {x['seed']}: {x['stopped']}"
+        for env_id, e in r["per_env"].items()
+        for x in e["runs"]
+        if x.get("stopped")
+    ]
+    if stopped:
+        lines += ["", "Ended by a stop rule of the trainer and evaluated as they stood: " + "; ".join(stopped) + "."]
     return lines + (["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""])
 
 

@@ -313,12 +313,14 @@ def test_comparison_tables(tmp_path, monkeypatch, section, part):
         {**run, "variant": "A", "seed": 0, "final_success": 0.3, "wall_seconds": 10.0, "cut_turn_fraction": 0.1},
         {**run, "variant": "A", "seed": 1, "final_success": 0.6, "wall_seconds": 20.0, "cut_turn_fraction": 0.2},
         {**run, "variant": "B", "seed": 0, "final_success": 0.5, "wall_seconds": 30.0, "cut_turn_fraction": None},
+        {**run, "variant": "B", "seed": 1, "final_success": 0.1, "wall_seconds": 30.0, "stopped": "step 7: 5 steps"},
     ]
     report.store(section, {"per_env": {"starpo/Sokoban-v0": {"runs": runs}}, "variants": {}}, seeds=[0, 1])
     text = (tmp_path / "REPORT.md").read_text()
     assert f"(`python -m experiments.learning {part}`" in text
     assert "| `starpo/Sokoban-v0` | A | 0.450 | 0.300, 0.600 | 15 (10-20) | 900 | 2.00 | 0.150 |" in text
-    assert "| `starpo/Sokoban-v0` | B | 0.500 | 0.500 | 30 | 900 | 2.00 | - |" in text
+    assert "| `starpo/Sokoban-v0` | B | 0.300 | 0.500, 0.100 | 30 (30-30) | 900 | 2.00 | - |" in text
+    assert "evaluated as they stood: `starpo/Sokoban-v0` B, seed 1: step 7: 5 steps." in text
 
 
 def test_collapse_real_summary_and_table(tmp_path, monkeypatch):
