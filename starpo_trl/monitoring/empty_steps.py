@@ -74,19 +74,16 @@ class EmptySteps(TrainerCallback):
                 "rollout_filter_include_zero=True, lower rollout_filter_eps, use top_k, or raise "
                 "rollout_filter_empty_stop_steps."
             )
-        if self.empty_in_a_row >= self.max_empty_steps and cut_masked:
-            raise RuntimeError(
-                f"{self.empty_in_a_row} steps in a row had no model token to train on: the kept episodes' replies "
-                "were cut at max_tokens_per_turn and overlong_turns='mask' left them out of the loss (see "
-                "rollout/cut_turn_fraction). Raise max_tokens_per_turn, set overlong_turns to 'keep' or 'penalty', "
-                "or raise max_empty_steps."
-            )
         if self.empty_in_a_row >= self.max_empty_steps:
-            raise RuntimeError(
-                f"{self.empty_in_a_row} steps in a row had no model token to train on: every kept episode failed "
-                f"before the model wrote anything (see env/errors and the episodes' env_error). Fix the env "
-                f"({self.envs}) or raise max_empty_steps."
+            cause = (
+                "the kept episodes' replies were cut at max_tokens_per_turn and overlong_turns='mask' left them out "
+                "of the loss (see rollout/cut_turn_fraction). Raise max_tokens_per_turn, set overlong_turns to "
+                "'keep' or 'penalty', or raise max_empty_steps."
+                if cut_masked
+                else "every kept episode failed before the model wrote anything (see env/errors and the episodes' "
+                f"env_error). Fix the env ({self.envs}) or raise max_empty_steps."
             )
+            raise RuntimeError(f"{self.empty_in_a_row} steps in a row had no model token to train on: {cause}")
         metrics = {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
         if settings.skip_zero_advantage_steps:
             metrics["rollout/zero_advantage_step"] = float(self.zero_advantage)
