@@ -109,14 +109,13 @@ def run_from(warm_dir: pathlib.Path, args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from starpo_trl import MultiTurnStarPOTrainer
+    from starpo_trl.monitoring.empty_steps import TrainingStopped
 
     tok = AutoTokenizer.from_pretrained(warm_dir)
     trainer = MultiTurnStarPOTrainer(AutoModelForCausalLM.from_pretrained(warm_dir), args, processing_class=tok)
     try:
         trainer.train()
-    except RuntimeError as stop:
-        if "steps in a row" not in str(stop):  # not a stop rule: a failure, raised as it is
-            raise
+    except TrainingStopped as stop:  # any other error is a failure, raised as it is
         return trainer, {**trainer.evaluate_success(), "stopped": f"step {trainer.state.global_step}: {stop}"}
     return trainer, trainer.evaluate_success()
 

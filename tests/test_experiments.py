@@ -749,25 +749,29 @@ def test_critic_recipe_summary_by_hand_and_table(tmp_path, monkeypatch):
     assert "| `bilevel_gae` | `--advantage_estimator bilevel_gae` | 0.250 -> 0.500 |" in text
 
 
-@pytest.mark.parametrize("message, stops", [("5 steps in a row had no model token", True), ("boom", False)])
+@pytest.mark.parametrize(
+    "message, stops",
+    [("5 steps in a row had no model token", True), ("boom", False), ("3 steps in a row failed elsewhere", False)],
+)
 def test_a_run_ended_by_a_stop_rule_is_evaluated_and_marked_and_other_errors_raise(
     tmp_path, monkeypatch, message, stops
 ):
-    """learning.run_from: a trainer stop rule (its message says "steps in a row") ends that run only: the model is
-    evaluated as it stands and the metrics say where and why it stopped; any other error is raised."""
+    """learning.run_from: a trainer stop rule (TrainingStopped) ends that run only: the model is evaluated as it
+    stands and the metrics say where and why it stopped; any other error, whatever its words, is raised."""
     from types import SimpleNamespace
 
     import transformers
 
     import starpo_trl
     from experiments import learning
+    from starpo_trl.monitoring.empty_steps import TrainingStopped
 
     class Stopping:
         def __init__(self, model, args, processing_class):
             self.state = SimpleNamespace(global_step=3)
 
         def train(self):
-            raise RuntimeError(message)
+            raise (TrainingStopped if stops else RuntimeError)(message)
 
         def evaluate_success(self):
             return {"success": 0.25}
@@ -776,7 +780,7 @@ def test_a_run_ended_by_a_stop_rule_is_evaluated_and_marked_and_other_errors_rai
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda path: None)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
     if not stops:
-        with pytest.raises(RuntimeError, match="boom"):
+        with pytest.raises(RuntimeError, match=message):
             learning.run_from(tmp_path, None)
         return
     _, final = learning.run_from(tmp_path, None)

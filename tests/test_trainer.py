@@ -3,6 +3,7 @@ import torch
 from helpers import make_args
 
 from starpo_trl import MultiTurnStarPOTrainer
+from starpo_trl.monitoring.empty_steps import TrainingStopped
 
 
 def test_config_errors_name_the_field(tmp_path):
@@ -181,7 +182,7 @@ def test_a_varying_kept_count_is_padded_with_rows_that_hold_no_model_token(
     batches = []
     step = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: batches.append(step(inputs)) or batches[-1]
-    with pytest.raises(RuntimeError, match="rollout filter kept no group 2 steps in a row"):
+    with pytest.raises(TrainingStopped, match="rollout filter kept no group 2 steps in a row"):
         trainer.train()
     assert [h["kept"] for h in trainer.kept_group_history] == [[1], [], []]
     first = batches[0]

@@ -20,9 +20,14 @@ from transformers import TrainerCallback
 from starpo_trl.algorithms.settings import ScoringSettings
 
 
+class TrainingStopped(RuntimeError):
+    """A stop rule ended training: too many steps in a row with nothing to train on. The message names the cause
+    and the setting to change; the model is as the last trained step left it (callers may still evaluate it)."""
+
+
 class EmptySteps(TrainerCallback):
     """``max_empty_steps`` empty steps in a row (episodes failed), or ``rollout_filter_empty_stop_steps``
-    steps in a row where the filter kept nothing, raise ``RuntimeError``. ``scoring``: the filter's and the
+    steps in a row where the filter kept nothing, raise ``TrainingStopped`` (a ``RuntimeError``). ``scoring``: the filter's and the
     advantages' settings (``skip_zero_advantage_steps``, the filter stop and what its message names); ``envs``:
     the training envs the message names; ``parameters()`` gives the policy's parameters as they are trained
     (wrapped or not)."""
@@ -66,7 +71,7 @@ class EmptySteps(TrainerCallback):
         self.empty_in_a_row = self.empty_in_a_row + 1 if empty and not filtered_out else 0
         self.filtered_out_in_a_row = self.filtered_out_in_a_row + 1 if filtered_out else 0
         if self.filtered_out_in_a_row >= settings.rollout_filter_empty_stop_steps:
-            raise RuntimeError(
+            raise TrainingStopped(
                 f"The rollout filter kept no group {self.filtered_out_in_a_row} steps in a row "
                 f"(rollout_filter_strategy={settings.rollout_filter_strategy!r}, metric={settings.rollout_filter_metric!r}, "
                 f"include_zero={settings.rollout_filter_include_zero}): every group's score was zero or below the "
@@ -83,7 +88,7 @@ class EmptySteps(TrainerCallback):
                 else "every kept episode failed before the model wrote anything (see env/errors and the episodes' "
                 f"env_error). Fix the env ({self.envs}) or raise max_empty_steps."
             )
-            raise RuntimeError(f"{self.empty_in_a_row} steps in a row had no model token to train on: {cause}")
+            raise TrainingStopped(f"{self.empty_in_a_row} steps in a row had no model token to train on: {cause}")
         metrics = {"rollout/empty_step": float(empty), "rollout/empty_after_filter": float(filtered_out)}
         if settings.skip_zero_advantage_steps:
             metrics["rollout/zero_advantage_step"] = float(self.zero_advantage)

@@ -6,7 +6,7 @@ import torch
 from helpers import ZERO_ADVANTAGE_AFTER_UPDATES, make_args, zero_advantage_after_updates_reply
 from transformers import TrainerCallback
 
-from starpo_trl.monitoring.empty_steps import EmptySteps
+from starpo_trl.monitoring.empty_steps import EmptySteps, TrainingStopped
 
 
 def test_counts_in_a_row_and_stops_naming_the_cause(tmp_path):
@@ -19,11 +19,11 @@ def test_counts_in_a_row_and_stops_naming_the_cause(tmp_path):
     steps.update(True, True)
     steps.update(True, True)  # filtered out: counted apart from failed episodes
     assert (steps.empty_in_a_row, steps.filtered_out_in_a_row) == (0, 2)
-    with pytest.raises(RuntimeError, match="rollout filter kept no group 3 steps in a row"):
+    with pytest.raises(TrainingStopped, match="rollout filter kept no group 3 steps in a row"):
         steps.update(True, True)
     steps = EmptySteps.of(args, lambda: [])
     steps.update(True, False)
-    with pytest.raises(RuntimeError, match="2 steps in a row had no model token"):
+    with pytest.raises(TrainingStopped, match="2 steps in a row had no model token"):
         steps.update(True, False)
 
 

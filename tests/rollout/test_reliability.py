@@ -11,6 +11,7 @@ import torch
 
 from envs.sokoban import SokobanEnv
 from starpo_trl import MultiTurnStarPOTrainer, StarPOConfig
+from starpo_trl.monitoring.empty_steps import TrainingStopped
 from starpo_trl.rollout import HFBackend, RolloutConfig, RolloutEngine, StartState
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -379,5 +380,5 @@ def test_a_step_with_no_model_token_is_skipped_then_training_stops(
     trainer = MultiTurnStarPOTrainer(
         small_model, args, processing_class=tiny_tokenizer, train_dataset=starts, backend=backend
     )
-    with pytest.raises(RuntimeError, match="3 steps in a row had no model token"):
+    with pytest.raises(TrainingStopped, match="3 steps in a row had no model token"):
         trainer.train()
