@@ -573,7 +573,7 @@ def decode_split_lines(r: dict) -> list[str]:
         ]
         for name, per_batch in r["per_model"].items()
         for x in per_batch
-        for history, s in x["split"].items()
+        for history, s in sorted(x["split"].items(), key=lambda item: int(item[0]))
     ]
     return table_section(
         "Where a decode step's time goes",
@@ -584,7 +584,8 @@ def decode_split_lines(r: dict) -> list[str]:
         "is attention over the history (reading its keys and values). The linear layers' share is their time at "
         "the matmul rate this machine reaches for that many rows; sampling (the log-softmax the logprobs are read "
         "from, softmax and the draw over the vocabulary) is timed alone; the rest is norms, rotary embeddings, the "
-        "mask and cache bookkeeping and the Python of each step.",
+        "mask and cache bookkeeping and the Python of each step. Each part is measured on its own, so the shares "
+        "carry the machine's noise: a negative rest (or slope) is zero within it.",
         ["model", "rows", "cached tokens", "step seconds", "linear layers", "attention over the history", "sampling",
          "rest"],
         rows,
@@ -733,7 +734,8 @@ def render(results: dict) -> str:
         "# Benchmarks",
         "",
         "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand. The studies "
-        "(learning, collapse, the real model) are in [experiments/](experiments/README.md).",
+        "(learning, the algorithm comparisons: GiGPO against GRPO and a critic, the refill, overlong turns; "
+        "collapse; the real model) are in [experiments/](experiments/README.md).",
         "",
     ]
     return render_sections(head, SECTIONS, results)

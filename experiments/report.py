@@ -412,7 +412,8 @@ def comparison_lines(r: dict, part: str, title: str) -> list[str]:
         if x.get("stopped")
     ]
     if stopped:
-        lines += ["", "Ended by a stop rule of the trainer and evaluated as they stood: " + "; ".join(stopped) + "."]
+        text = "; ".join(stopped)
+        lines += ["", "Ended by a stop rule of the trainer and evaluated as they stood: " + text.rstrip(".") + "."]
     return lines + (["", measured_line(r["per_env"]), ""] if measured_line(r["per_env"]) else [""])
 
 

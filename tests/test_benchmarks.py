@@ -354,7 +354,7 @@ def test_decode_split_fits_the_history_line_and_the_table_renders(tmp_path, monk
     """`utilisation.py decode`: the step times at each history length (stand-ins here, on a line worked out by
     hand: 0.1 s + 0.0002 s per token of mean context) give back that slope and intercept; the shares are the
     linear layers' time at the rate for that many rows, the slope's part, the timed sampling and the rest, adding
-    to one; BENCHMARKS.md shows a row per history length."""
+    to one; BENCHMARKS.md shows a row per history length, shortest first."""
     import report
     import utilisation
 
@@ -369,7 +369,7 @@ def test_decode_split_fits_the_history_line_and_the_table_renders(tmp_path, monk
     monkeypatch.setattr(utilisation, "sampling_seconds", lambda rows, vocab, repeats: 0.01)
     per_token = utilisation.weight_flops_per_token(model)
     rates = {8: 8 * per_token / 0.02, 64: 1.0}  # the linear layers of 8 rows take 0.02 s at the 8-row rate
-    row = utilisation.decode_split_row(model, tiny_tokenizer, 8, (64, 256), 16, rates, 1)
+    row = utilisation.decode_split_row(model, tiny_tokenizer, 8, (64, 256, 1024), 16, rates, 1)
     assert abs(row["seconds_per_history_token"] - 0.0002) < 1e-12 and abs(row["fixed_seconds"] - 0.1) < 1e-12
     step = 0.1 + 0.0002 * 264  # 256 cached + 8 on average while the 16 new tokens are sampled
     split = row["split"]["256"]
@@ -386,6 +386,8 @@ def test_decode_split_fits_the_history_line_and_the_table_renders(tmp_path, monk
     assert text == report.render(report.load())
     assert "## Where a decode step's time goes (`python benchmarks/utilisation.py decode`" in text
     assert "| tiny | 8 | 256 | 0.153 | 0.13 | 0.35 | 0.07 | 0.46 |" in text
+    # rows in the order of their history length (results.json sorts the keys as text: "1024" < "256" < "64")
+    assert text.index("| tiny | 8 | 64 |") < text.index("| tiny | 8 | 256 |") < text.index("| tiny | 8 | 1024 |")
 
 
 def test_utilisation_counts_flops_by_hand_and_renders_its_table(tmp_path, monkeypatch):
