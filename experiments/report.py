@@ -5,6 +5,7 @@ benchmarks' are (benchmarks/report.py), and this report and README's real-model 
 from __future__ import annotations
 
 import functools
+import json
 import pathlib
 import statistics
 
@@ -737,7 +738,38 @@ def real_model_table(results: dict) -> list[str]:
 
 README_TABLES = {"real-model": real_model_table}
 
+
 # experiments/README.md, section by section in this order: each renderer takes the whole results and returns its lines
+def answers_lines(r: dict) -> list[str]:
+    """``python -m experiments.answers``: per recipe, the untouched model's answers by format line and temperature,
+    each as a share of the model turns."""
+    lines = [f"## What the model answers before training (`python -m experiments.answers RECIPE`, {stamp(r)})", ""]
+    for recipe, x in r["recipes"].items():
+        names = [*x["actions"], "other", "no answer"]
+        kwargs = f" `{json.dumps(x['env_kwargs'], sort_keys=True)}`" if x["env_kwargs"] else ""
+        lines += [
+            f"`{recipe}` on `{x['env_id']}`{kwargs}, {x['rows'][0]['episodes']} held-out episodes per row, the model "
+            f"as it is: the share of its turns answering each action, something else, or nothing in the format.",
+            "",
+            "| format line | temperature | success | format errors | " + " | ".join(names) + " |",
+            "|---|---|---|---|" + "---|" * len(names),
+        ]
+        for row in x["rows"]:
+            turns = sum(row["answers"].values()) or 1
+            shares = " | ".join(f"{row['answers'].get(n, 0) / turns:.3f}" for n in names)
+            lines.append(
+                f"| {row['format_instruction'].replace('|', chr(92) + '|')} | {row['temperature']} | "
+                f"{row['success']:.3f} | {row['format_error_rate']:.3f} | {shares} |"
+            )
+        run = x["provenance"]
+        lines += [
+            "",
+            f"Measured {run['measured_at']} at {run['commit']} (`{run['command']}`, {run['wall_seconds']:.0f} s).",
+            "",
+        ]
+    return lines
+
+
 SECTIONS = (
     one("multi_env", multi_env_lines),
     one("critic_recipe", critic_recipe_lines),
@@ -752,6 +784,7 @@ SECTIONS = (
     collapse_real_lines_all,
     one("mi_warm_starts", mi_warm_starts_lines),
     one("real_model", real_model_lines),
+    one("answers", answers_lines),
     one("whitening", whitening_lines),
 )
 

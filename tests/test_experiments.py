@@ -785,3 +785,66 @@ def test_a_run_ended_by_a_stop_rule_is_evaluated_and_marked_and_other_errors_rai
         return
     _, final = learning.run_from(tmp_path, None)
     assert final == {"success": 0.25, "stopped": "step 3: 5 steps in a row had no model token"}
+
+
+def test_answer_counts_by_hand():
+    """experiments.answers.answer_counts: each model turn counted once, by its first action (case and spaces as
+    the env ignores them), an answer that is no action, or no answer in the format; env messages are skipped."""
+    from types import SimpleNamespace
+
+    from experiments.answers import answer_counts
+
+    def episode(*replies):
+        messages = [{"role": "user", "content": "<answer>Left</answer>"}]  # an env message: not counted
+        for reply in replies:
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "State"}]
+        return SimpleNamespace(messages=messages)
+
+    episodes = [
+        episode("<answer>Down</answer>", "<answer> up </answer>", "<answer>G</answer>"),
+        episode("<answer>\n\nYou are walking", "<answer>DownRight</answer>", "<answer>Down || Up</answer>"),
+    ]
+    counts = answer_counts(episodes, ["Left", "Down", "Right", "Up"], enable_think=False)
+    assert counts == {"Left": 0, "Down": 2, "Right": 0, "Up": 1, "other": 2, "no answer": 1}
+    think = [episode("<think>go</think><answer>Right</answer>", "<answer>Right</answer>")]
+    assert answer_counts(think, ["Left", "Right"], enable_think=True) == {
+        "Left": 0, "Right": 1, "other": 0, "no answer": 1
+    }  # fmt: skip
+
+
+def test_answers_plays_each_line_and_temperature_and_renders_shares(tmp_path, monkeypatch):
+    """experiments.answers on the tiny model (untrained: it writes no answer), two format lines x one temperature,
+    stored with provenance and rendered as shares of the model turns."""
+    import json
+
+    from experiments import answers, report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "REPORT.md")
+    monkeypatch.setattr(report, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text("readme\n")
+    recipe = tmp_path / "lake.yaml"
+    recipe.write_text(
+        'model_name_or_path: tiny\nenv_id: starpo/FrozenLake-v0\nenv_kwargs: \'{"is_slippery": false, "size": 3}\'\n'
+        "output_dir: runs/x\nmax_turns: 2\nmax_tokens_per_turn: 4\nenable_think: false\nuse_cpu: true\n"
+        "report_to: none\n"
+    )
+    lines = ["Reply with one of {actions}", "Answer: {actions}"]
+    answers.main([str(recipe), "--episodes", "3", "--temperatures", "1.0", "--lines", *lines])
+    stored = json.loads((tmp_path / "results.json").read_text())["answers"]["recipes"]["recipes/lake.yaml"]
+    assert stored["actions"] == ["Left", "Down", "Right", "Up"] and stored["env_kwargs"] == {
+        "is_slippery": False,
+        "size": 3,
+    }
+    assert [(r["format_instruction"], r["temperature"]) for r in stored["rows"]] == [(lines[0], 1.0), (lines[1], 1.0)]
+    for row in stored["rows"]:
+        assert sum(row["answers"].values()) == round(row["turns"] * 3)  # every model turn counted once
+        assert row["answers"]["no answer"] == round(row["format_error_rate"] * row["turns"] * 3)
+    assert stored["provenance"]["seeds"] == [0, 1, 2]
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "## What the model answers before training (`python -m experiments.answers RECIPE`" in text
+    assert (
+        "| format line | temperature | success | format errors | Left | Down | Right | Up | other | no answer |"
+        in text
+    )
+    assert f"| {lines[1]} | 1.0 | 0.000 | 1.000 | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | 1.000 |" in text
