@@ -5,6 +5,9 @@ the model never writes is one it cannot learn from reward.
 
     python -m experiments.answers RECIPE [--episodes 32] [--temperatures 0.5 1.0] [--lines LINE ...]
 
+Beside them, the success of a mover playing uniformly random actions with the same budget (``--mover_episodes``
+held-out start states): how often exploration alone reaches the goal.
+
 The model is the recipe's (`model_name_or_path`; SmolLM2 with `make model`), as it is (no warm start), played on the
 recipe's held-out env and seeds; the lines default to the recipe's own `format_instruction`. Stored in
 experiments/results.json ("answers" -> the recipe -> one row per line and temperature), table in
@@ -44,8 +47,32 @@ def answer_counts(episodes, action_names: list[str], enable_think: bool) -> dict
     return dict(counts)
 
 
-def measure(recipe: str, lines: list[str] | None, temperatures: list[float], episodes: int) -> dict:
-    """The recipe's untouched model on ``episodes`` held-out episodes per format line and temperature."""
+def random_mover_success(make_env, seeds, max_turns: int, actions_per_turn: int, seed: int = 0) -> float:
+    """Success of a mover that plays uniformly random actions (``make_env()``'s ``action_names``) from each start
+    state (``reset(seed=...)`` of each of ``seeds``), with the episodes' budget: ``max_turns`` turns of
+    ``actions_per_turn`` actions, until the env ends the episode. What a policy spread evenly over the actions
+    scores: a reference for how often exploration alone reaches the goal."""
+    import random
+
+    rng, wins = random.Random(seed), 0
+    for start in seeds:
+        env = make_env()
+        env.reset(seed=start)
+        info = {}
+        for _ in range(max_turns * actions_per_turn):
+            _, _, terminated, truncated, info = env.step(rng.choice(env.action_names))
+            if terminated or truncated:
+                break
+        wins += bool(info.get("success", False))
+        env.close()
+    return wins / len(seeds)
+
+
+def measure(
+    recipe: str, lines: list[str] | None, temperatures: list[float], episodes: int, mover_episodes: int
+) -> dict:
+    """The recipe's untouched model on ``episodes`` held-out episodes per format line and temperature, and the
+    random mover on ``mover_episodes`` held-out start states."""
     import gymnasium as gym
     import torch
 
@@ -78,7 +105,16 @@ def measure(recipe: str, lines: list[str] | None, temperatures: list[float], epi
             row["answers"] = answer_counts(played, actions, config.enable_think)
             rows.append(row)
             print(row, flush=True)
-    return {"env_id": env.env_id, "env_kwargs": dict(env.env_kwargs), "actions": actions, "rows": rows}
+    make = lambda: gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped  # noqa: E731
+    seeds = range(base.eval_seed_offset, base.eval_seed_offset + mover_episodes)
+    mover = random_mover_success(make, seeds, base.max_turns, base.max_actions_per_turn)
+    return {
+        "env_id": env.env_id,
+        "env_kwargs": dict(env.env_kwargs),
+        "actions": actions,
+        "rows": rows,
+        "random_mover": {"success": mover, "episodes": mover_episodes},
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -87,9 +123,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 1.0])
     p.add_argument("--lines", nargs="+", help="format lines (default: the recipe's format_instruction)")
+    p.add_argument("--mover_episodes", type=int, default=4096, help="start states the random mover plays")
     a = p.parse_args(argv)
     start = time.time()
-    entry = measure(a.recipe, a.lines, a.temperatures, a.episodes)
+    entry = measure(a.recipe, a.lines, a.temperatures, a.episodes, a.mover_episodes)
     wall = time.time() - start
     name = f"recipes/{pathlib.Path(a.recipe).name}"
     section = dict(report.load().get("answers", {}))

@@ -761,7 +761,13 @@ def answers_lines(r: dict) -> list[str]:
                 f"| {row['format_instruction'].replace('|', chr(92) + '|')} | {row['temperature']} | "
                 f"{row['success']:.3f} | {row['format_error_rate']:.3f} | {shares} |"
             )
-        run = x["provenance"]
+        run, mover = x["provenance"], x.get("random_mover")
+        if mover:
+            lines += [
+                "",
+                f"A mover playing uniformly random actions with the same budget reaches the goal in "
+                f"{mover['success']:.3f} of {mover['episodes']} held-out start states.",
+            ]
         lines += [
             "",
             f"Measured {run['measured_at']} at {run['commit']} (`{run['command']}`, {run['wall_seconds']:.0f} s).",

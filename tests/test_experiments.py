@@ -830,7 +830,9 @@ def test_answers_plays_each_line_and_temperature_and_renders_shares(tmp_path, mo
         "report_to: none\n"
     )
     lines = ["Reply with one of {actions}", "Answer: {actions}"]
-    answers.main([str(recipe), "--episodes", "3", "--temperatures", "1.0", "--lines", *lines])
+    answers.main(
+        [str(recipe), "--episodes", "3", "--temperatures", "1.0", "--mover_episodes", "256", "--lines", *lines]
+    )
     stored = json.loads((tmp_path / "results.json").read_text())["answers"]["recipes"]["recipes/lake.yaml"]
     assert stored["actions"] == ["Left", "Down", "Right", "Up"] and stored["env_kwargs"] == {
         "is_slippery": False,
@@ -841,6 +843,7 @@ def test_answers_plays_each_line_and_temperature_and_renders_shares(tmp_path, mo
         assert sum(row["answers"].values()) == round(row["turns"] * 3)  # every model turn counted once
         assert row["answers"]["no answer"] == round(row["format_error_rate"] * row["turns"] * 3)
     assert stored["provenance"]["seeds"] == [0, 1, 2]
+    assert 0 < stored["random_mover"]["success"] < 0.2 and stored["random_mover"]["episodes"] == 256
     text = (tmp_path / "REPORT.md").read_text()
     assert "## What the model answers before training (`python -m experiments.answers RECIPE`" in text
     assert (
@@ -848,3 +851,33 @@ def test_answers_plays_each_line_and_temperature_and_renders_shares(tmp_path, mo
         in text
     )
     assert f"| {lines[1]} | 1.0 | 0.000 | 1.000 | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | 1.000 |" in text
+    assert (
+        f"uniformly random actions with the same budget reaches the goal in {stored['random_mover']['success']:.3f} of 256"
+        in text
+    )
+
+
+def test_random_mover_success_by_hand():
+    """experiments.answers.random_mover_success on a corridor worked out by hand: the goal is one Right from the
+    start and Left at the wall stays put, so uniformly random moves reach it within n moves with probability
+    1 - 0.5**n (0.5, 0.75, 0.875 for 1, 2, 3 moves: turns x actions per turn); the estimate over 4,000 start
+    states is within 0.03 of it. A budget of 0 moves never succeeds."""
+    from experiments.answers import random_mover_success
+
+    class Corridor:
+        action_names = ["Left", "Right"]
+
+        def reset(self, seed=None):
+            self.at = 0
+
+        def step(self, action):
+            self.at = min(1, max(0, self.at + (1 if action == "Right" else -1)))
+            done = self.at == 1
+            return "", float(done), done, False, {"success": done}
+
+        def close(self):
+            pass
+
+    for turns, per_turn, expected in [(1, 1, 0.5), (2, 1, 0.75), (1, 3, 0.875), (3, 1, 0.875)]:
+        assert abs(random_mover_success(Corridor, range(4000), turns, per_turn) - expected) < 0.03
+    assert random_mover_success(Corridor, range(10), 0, 1) == 0.0
