@@ -109,6 +109,21 @@ def baseline(env_ids: list[str], episodes: int = EPISODES, batch_size: int = 64)
     return base
 
 
+SLUG_CHARS = 60  # a longer slug of a run's flags (a format line, say) is cut and ends with their hash
+
+
+def flags_slug(flags: list[str]) -> str:
+    """A run's flags as a file-name part: letters and digits, the rest as '-'; flags longer than ``SLUG_CHARS``
+    are cut there and given 8 hex digits of their SHA-1, so two long sets of flags never share a name."""
+    import hashlib
+
+    text = " ".join(flags)
+    slug = "".join(c if c.isalnum() else "-" for c in text.lstrip("-")).strip("-")
+    if len(slug) <= SLUG_CHARS:
+        return slug
+    return slug[:SLUG_CHARS].rstrip("-") + "-" + hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
 def record(
     recipe: str,
     run_dir: str,
@@ -132,8 +147,7 @@ def record(
     history = out["log_history"]
     steps = [row["step_time"] for row in history if "step_time" in row]
     name = pathlib.Path(recipe).stem
-    slug = "".join(c if c.isalnum() else "-" for c in " ".join(flags).lstrip("-")).strip("-")
-    png = HERE / "figures" / f"real-{name}{'-' + slug if slug else ''}.png"
+    png = HERE / "figures" / f"real-{name}{'-' + flags_slug(flags) if flags else ''}.png"
     png.parent.mkdir(exist_ok=True)
     png.parent.mkdir(exist_ok=True)
     plot_curves(history, env_name(args.env_id), str(png), title=f"{name} {' '.join(flags)}".strip())

@@ -881,3 +881,25 @@ def test_random_mover_success_by_hand():
     for turns, per_turn, expected in [(1, 1, 0.5), (2, 1, 0.75), (1, 3, 0.875), (3, 1, 0.875)]:
         assert abs(random_mover_success(Corridor, range(4000), turns, per_turn) - expected) < 0.03
     assert random_mover_success(Corridor, range(10), 0, 1) == 0.0
+
+
+def test_a_runs_flags_name_its_figure_and_long_flags_are_cut_with_their_hash():
+    """experiments.real_model.flags_slug: short flags as they were (letters and digits, '-' between); a long
+    format line is cut at 60 characters and ends with 8 hex digits of the flags' SHA-1 (two lines that share
+    their first 60 characters get different names), so the figure's file name stays short."""
+    import hashlib
+
+    from experiments.real_model import flags_slug
+
+    assert flags_slug(["--enable_think", "false"]) == "enable-think-false"
+    a = [
+        "--format_instruction",
+        "Reply with only your next move: <answer>{actions[0]}</answer> or more",
+        "--seed",
+        "1",
+    ]
+    b = [*a[:3], "2"]
+    # the first 60 characters end in "--", which is cut, then "-" and the hash
+    digest = hashlib.sha1(" ".join(a).encode()).hexdigest()[:8]
+    assert flags_slug(a) == "format-instruction-Reply-with-only-your-next-move---answer-" + digest
+    assert flags_slug(b) != flags_slug(a) and flags_slug(b).startswith("format-instruction-Reply-with-only")
