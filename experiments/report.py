@@ -758,7 +758,7 @@ def answers_lines(r: dict) -> list[str]:
             turns = sum(row["answers"].values()) or 1
             shares = " | ".join(f"{row['answers'].get(n, 0) / turns:.3f}" for n in names)
             lines.append(
-                f"| {row['format_instruction'].replace('|', chr(92) + '|')} | {row['temperature']} | "
+                f"| `{row['format_instruction'].replace('|', chr(92) + '|')}` | {row['temperature']} | "
                 f"{row['success']:.3f} | {row['format_error_rate']:.3f} | {shares} |"
             )
         run, mover = x["provenance"], x.get("random_mover")
@@ -770,7 +770,7 @@ def answers_lines(r: dict) -> list[str]:
             ]
         lines += [
             "",
-            f"Measured {run['measured_at']} at {run['commit']} (`{run['command']}`, {run['wall_seconds']:.0f} s).",
+            f"Measured {run['measured_at']} at {run['commit'][:7]} (`{run['command']}`, {run['wall_seconds']:.0f} s).",
             "",
         ]
     return lines

@@ -850,7 +850,7 @@ def test_answers_plays_each_line_and_temperature_and_renders_shares(tmp_path, mo
         "| format line | temperature | success | format errors | Left | Down | Right | Up | other | no answer |"
         in text
     )
-    assert f"| {lines[1]} | 1.0 | 0.000 | 1.000 | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | 1.000 |" in text
+    assert f"| `{lines[1]}` | 1.0 | 0.000 | 1.000 | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | 1.000 |" in text
     assert (
         f"uniformly random actions with the same budget reaches the goal in {stored['random_mover']['success']:.3f} of 256"
         in text
