@@ -366,6 +366,36 @@ def compare(part: str) -> None:
     store(section, {"per_env": results, "variants": variants}, seeds=SEEDS)
 
 
+def warm_starts() -> None:
+    """Each env's cached warm start, the model every comparison starts from, on the held-out episodes the
+    comparisons' final evaluation plays (the recipe's ``num_eval_episodes``, ``eval_seed_offset``, ``eval_temperature``):
+    the starting point their tables are read against."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envs.contract import env_name
+    from experiments.report import store
+    from starpo_trl import MultiTurnStarPOTrainer
+
+    results = {}
+    for env_id in ENVS:
+        recipe, _ = RECIPES[env_id]
+        name = env_name(env_id)
+        warm_dir = warm_started(recipe, OUT / name / "warm")
+        _, args, _, _ = parse(recipe, output_dir=str(OUT / name / "warm-eval"), seed=0)
+        model = AutoModelForCausalLM.from_pretrained(warm_dir)
+        trainer = MultiTurnStarPOTrainer(model, args, processing_class=AutoTokenizer.from_pretrained(warm_dir))
+        final = trainer.evaluate_success()
+        results[env_id] = {
+            "success": final["success"],
+            "format_error_rate": final.get("format_error_rate"),
+            "episodes": args.num_eval_episodes,
+            **stamp(),
+        }
+        print(env_id, results[env_id], flush=True)
+    if not QUICK:
+        store("warm_starts", {"per_env": {**kept_results("warm_starts"), **results}}, seeds=[0])
+
+
 def stamp() -> dict:
     """When and at which commit an env's results were measured (sections merge envs run at different times)."""
     import subprocess
@@ -388,7 +418,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "parts", nargs="*", help="ratios, strategies, windows, credit, refill, overlong (default: ratios strategies)"
+        "parts",
+        nargs="*",
+        help="ratios, strategies, windows, warm, credit, refill, overlong (default: ratios strategies)",
     )
     parser.add_argument(
         "--max_steps", type=int, help="override the recipes' RL steps (a quick check; not for results)"
@@ -397,11 +429,11 @@ if __name__ == "__main__":
     cli = parser.parse_args()
     ENVS = tuple(cli.env or STRATEGY_ENVS)
     parts = cli.parts or ["ratios", "strategies"]
-    if set(parts) - {"ratios", "strategies", "windows", *COMPARISONS}:
-        parser.error(f"parts are ratios, strategies, windows, {', '.join(COMPARISONS)}; got {parts}")
+    if set(parts) - {"ratios", "strategies", "windows", "warm", *COMPARISONS}:
+        parser.error(f"parts are ratios, strategies, windows, warm, {', '.join(COMPARISONS)}; got {parts}")
     if cli.max_steps:
         QUICK = True
         RECIPES = {k: (recipe, cli.max_steps) for k, (recipe, _) in RECIPES.items()}
     for part in parts:
-        run = {"ratios": ratios, "strategies": strategies, "windows": windows}.get(part)
+        run = {"ratios": ratios, "strategies": strategies, "windows": windows, "warm": warm_starts}.get(part)
         run() if run else compare(part)

@@ -373,6 +373,23 @@ COMPARISON_SECTIONS = (
 )
 
 
+def warm_starts_lines(r: dict) -> list[str]:
+    """``learning.py warm``: each env's warm start on the held-out episodes, the comparisons' starting point."""
+    lines = [
+        f"## Learning: the warm starts (`python -m experiments.learning warm`, {stamp(r)})",
+        "",
+        "Each env's warm start (the demo recipe's, made once and cached): the model the comparisons below start "
+        "from, on the held-out episodes their final evaluation plays.",
+        "",
+        "| env | held-out success | format-error rate (per turn) | episodes |",
+        "|---|---|---|---|",
+    ]
+    for env_id, x in r["per_env"].items():
+        errors = "-" if x.get("format_error_rate") is None else f"{x['format_error_rate']:.3f}"
+        lines.append(f"| `{env_id}` | {x['success']:.3f} | {errors} | {x['episodes']} |")
+    return lines + ["", measured_line(r["per_env"]), ""]
+
+
 def comparison_lines(r: dict, part: str, title: str) -> list[str]:
     """A ``learning.py`` comparison (credit, refill, overlong): per env and variant, the seeds' final held-out
     success (mean, each), wall time (median, range), and the means of tokens trained per step, generated episodes
@@ -780,6 +797,7 @@ SECTIONS = (
     one("multi_env", multi_env_lines),
     one("critic_recipe", critic_recipe_lines),
     one("context_windows", context_windows_lines),
+    one("warm_starts", warm_starts_lines),
     *(
         one(section, functools.partial(comparison_lines, part=part, title=title))
         for section, part, title in COMPARISON_SECTIONS

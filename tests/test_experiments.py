@@ -903,3 +903,36 @@ def test_a_runs_flags_name_its_figure_and_long_flags_are_cut_with_their_hash():
     digest = hashlib.sha1(" ".join(a).encode()).hexdigest()[:8]
     assert flags_slug(a) == "format-instruction-Reply-with-only-your-next-move---answer-" + digest
     assert flags_slug(b) != flags_slug(a) and flags_slug(b).startswith("format-instruction-Reply-with-only")
+
+
+def test_warm_starts_are_evaluated_as_the_comparisons_evaluate_and_tabled(tmp_path, monkeypatch, tiny_tokenizer):
+    """learning.py warm: each env's cached warm start (here an untrained tiny model saved as one: it writes no
+    answer) plays the recipe's held-out episodes through the trainer's own evaluation; stored per env with when and
+    where, kept for envs not measured again, and tabled."""
+    import json
+
+    from experiments import learning, report
+    from starpo_trl.tiny import build_tiny_model
+
+    warm = tmp_path / "warm"
+    build_tiny_model(tiny_tokenizer).save_pretrained(warm)
+    tiny_tokenizer.save_pretrained(warm)
+    monkeypatch.setattr(learning, "warm_started", lambda recipe, warm_dir: warm)
+    monkeypatch.setattr(learning, "OUT", tmp_path / "runs")
+    monkeypatch.setattr(learning, "ENVS", ("starpo/Bandit-v0",), raising=False)
+    monkeypatch.setattr(learning, "RECIPES", {"starpo/Bandit-v0": ("demo-cpu-bandit.yaml", 10)})
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "REPORT.md")
+    monkeypatch.setattr(report, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text("readme\n")
+    earlier = {"success": 0.25, "format_error_rate": 0.5, "episodes": 256, "env_measured_at": "then", "commit": "abc"}
+    report.store("warm_starts", {"per_env": {"starpo/Sokoban-v0": earlier}}, seeds=[0])
+    learning.warm_starts()
+    stored = json.loads((tmp_path / "results.json").read_text())["warm_starts"]["per_env"]
+    assert stored["starpo/Sokoban-v0"] == earlier  # not measured again: kept
+    bandit = stored["starpo/Bandit-v0"]
+    assert (bandit["success"], bandit["format_error_rate"], bandit["episodes"]) == (0.0, 1.0, 256)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "## Learning: the warm starts (`python -m experiments.learning warm`" in text
+    assert "| `starpo/Bandit-v0` | 0.000 | 1.000 | 256 |" in text
+    assert "| `starpo/Sokoban-v0` | 0.250 | 0.500 | 256 |" in text
