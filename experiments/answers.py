@@ -27,14 +27,13 @@ from experiments import report
 NO_ANSWER, OTHER = "no answer", "other"
 
 
-def answer_counts(episodes, action_names: list[str], enable_think: bool) -> dict[str, int]:
-    """Over every model turn of ``episodes`` (their ``messages``): how many answered each action (its first action,
-    matched case-insensitively after stripping, as the env matches), something that is no action (``other``), or
-    nothing in the format (``no answer``)."""
+def answer_counts(episodes, env, enable_think: bool) -> dict[str, int]:
+    """Over every model turn of ``episodes`` (their ``messages``): how many answered each of ``env``'s actions (its
+    first action, as the env's own ``match_action`` reads it), something that is no action (``other``), or nothing
+    in the format (``no answer``)."""
     from starpo_trl.rollout.prompting import parse_reply
 
-    names = {name.lower(): name for name in action_names}
-    counts = collections.Counter({name: 0 for name in [*action_names, OTHER, NO_ANSWER]})
+    counts = collections.Counter({name: 0 for name in [*env.action_names, OTHER, NO_ANSWER]})
     for ep in episodes:
         for message in ep.messages:
             if message["role"] != "assistant":
@@ -43,7 +42,8 @@ def answer_counts(episodes, action_names: list[str], enable_think: bool) -> dict
             if not reply.format_ok:
                 counts[NO_ANSWER] += 1
             else:
-                counts[names.get(reply.actions[0].strip().lower(), OTHER)] += 1
+                index = env.match_action(reply.actions[0])
+                counts[OTHER if index is None else env.action_names[index]] += 1
     return dict(counts)
 
 
@@ -89,7 +89,8 @@ def measure(
         build()  # the offline model's directory, written once
     model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=base.seed, rollout=rollout_config(base))
     env = base.eval_envs()[0]
-    actions = list(gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped.action_names)
+    make = lambda: gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped  # noqa: E731
+    text_env = make()
     rows = []
     for line in lines or [base.format_instruction]:
         _, config, _, _ = train.parser().parse_args_and_config(args=["--config", recipe, "--format_instruction", line])
@@ -102,16 +103,15 @@ def measure(
             stats = episode_metrics(played)
             row = {"format_instruction": line, "temperature": temperature, "episodes": episodes}
             row.update({k: stats[k] for k in ("success", "format_error_rate", "turns")})
-            row["answers"] = answer_counts(played, actions, config.enable_think)
+            row["answers"] = answer_counts(played, text_env, config.enable_think)
             rows.append(row)
             print(row, flush=True)
-    make = lambda: gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped  # noqa: E731
     seeds = range(base.eval_seed_offset, base.eval_seed_offset + mover_episodes)
     mover = random_mover_success(make, seeds, base.max_turns, base.max_actions_per_turn)
     return {
         "env_id": env.env_id,
         "env_kwargs": dict(env.env_kwargs),
-        "actions": actions,
+        "actions": list(text_env.action_names),
         "rows": rows,
         "random_mover": {"success": mover, "episodes": mover_episodes},
     }

@@ -149,7 +149,6 @@ def record(
     name = pathlib.Path(recipe).stem
     png = HERE / "figures" / f"real-{name}{'-' + flags_slug(flags) if flags else ''}.png"
     png.parent.mkdir(exist_ok=True)
-    png.parent.mkdir(exist_ok=True)
     plot_curves(history, env_name(args.env_id), str(png), title=f"{name} {' '.join(flags)}".strip())
     warm, noise = run_args.warm_start_episodes, run_args.warm_start_noise
     before, after = out["before"] or {}, out["after"]

@@ -756,7 +756,6 @@ def real_model_table(results: dict) -> list[str]:
 README_TABLES = {"real-model": real_model_table}
 
 
-# experiments/README.md, section by section in this order: each renderer takes the whole results and returns its lines
 def answers_lines(r: dict) -> list[str]:
     """``python -m experiments.answers``: per recipe, the untouched model's answers by format line and temperature,
     each as a share of the model turns."""
@@ -793,6 +792,7 @@ def answers_lines(r: dict) -> list[str]:
     return lines
 
 
+# experiments/README.md, section by section in this order: each renderer takes the whole results and returns its lines
 SECTIONS = (
     one("multi_env", multi_env_lines),
     one("critic_recipe", critic_recipe_lines),

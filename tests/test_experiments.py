@@ -792,6 +792,7 @@ def test_answer_counts_by_hand():
     the env ignores them), an answer that is no action, or no answer in the format; env messages are skipped."""
     from types import SimpleNamespace
 
+    from envs.base import TextEnv
     from experiments.answers import answer_counts
 
     def episode(*replies):
@@ -804,10 +805,16 @@ def test_answer_counts_by_hand():
         episode("<answer>Down</answer>", "<answer> up </answer>", "<answer>G</answer>"),
         episode("<answer>\n\nYou are walking", "<answer>DownRight</answer>", "<answer>Down || Up</answer>"),
     ]
-    counts = answer_counts(episodes, ["Left", "Down", "Right", "Up"], enable_think=False)
+
+    class Moves(TextEnv):  # the project's own action matching, over the names given
+        def __init__(self, names):
+            super().__init__()
+            self.action_names = names
+
+    counts = answer_counts(episodes, Moves(["Left", "Down", "Right", "Up"]), enable_think=False)
     assert counts == {"Left": 0, "Down": 2, "Right": 0, "Up": 1, "other": 2, "no answer": 1}
     think = [episode("<think>go</think><answer>Right</answer>", "<answer>Right</answer>")]
-    assert answer_counts(think, ["Left", "Right"], enable_think=True) == {
+    assert answer_counts(think, Moves(["Left", "Right"]), enable_think=True) == {
         "Left": 0, "Right": 1, "other": 0, "no answer": 1
     }  # fmt: skip
 
