@@ -47,19 +47,23 @@ def answer_counts(episodes, env, enable_think: bool) -> dict[str, int]:
     return dict(counts)
 
 
-def random_mover_success(make_env, seeds, max_turns: int, actions_per_turn: int, seed: int = 0) -> float:
+def random_mover_success(
+    make_env, seeds, max_turns: int, actions_per_turn: int, max_actions: int | None = None, seed: int = 0
+) -> float:
     """Success of a mover that plays uniformly random actions (``make_env()``'s ``action_names``) from each start
     state (``reset(seed=...)`` of each of ``seeds``), with the episodes' budget: ``max_turns`` turns of
-    ``actions_per_turn`` actions, until the env ends the episode. What a policy spread evenly over the actions
-    scores: a reference for how often exploration alone reaches the goal."""
+    ``actions_per_turn`` actions, at most ``max_actions`` in all (``max_actions_per_episode``), until the env ends
+    the episode. What a policy spread evenly over the actions scores: a reference for how often exploration alone
+    reaches the goal."""
     import random
 
+    budget = max_turns * actions_per_turn if max_actions is None else min(max_turns * actions_per_turn, max_actions)
     rng, wins = random.Random(seed), 0
     for start in seeds:
         env = make_env()
         env.reset(seed=start)
         info = {}
-        for _ in range(max_turns * actions_per_turn):
+        for _ in range(budget):
             _, _, terminated, truncated, info = env.step(rng.choice(env.action_names))
             if terminated or truncated:
                 break
@@ -107,7 +111,7 @@ def measure(
             rows.append(row)
             print(row, flush=True)
     seeds = range(base.eval_seed_offset, base.eval_seed_offset + mover_episodes)
-    mover = random_mover_success(make, seeds, base.max_turns, base.max_actions_per_turn)
+    mover = random_mover_success(make, seeds, base.max_turns, base.max_actions_per_turn, base.max_actions_per_episode)
     return {
         "env_id": env.env_id,
         "env_kwargs": dict(env.env_kwargs),

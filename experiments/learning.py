@@ -369,7 +369,9 @@ def compare(part: str) -> None:
 def warm_starts() -> None:
     """Each env's cached warm start, the model every comparison starts from, on the held-out episodes the
     comparisons' final evaluation plays (the recipe's ``num_eval_episodes``, ``eval_seed_offset``, ``eval_temperature``):
-    the starting point their tables are read against."""
+    the starting point their tables are read against. Beside it, on the same held-out start states and budgets:
+    a mover playing uniformly random actions (what luck alone scores) and the warm start's teacher (the noisy
+    expert its demonstrations came from)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs.contract import env_name
@@ -381,7 +383,7 @@ def warm_starts() -> None:
         recipe, _ = RECIPES[env_id]
         name = env_name(env_id)
         warm_dir = warm_started(recipe, OUT / name / "warm")
-        _, args, _, _ = parse(recipe, output_dir=str(OUT / name / "warm-eval"), seed=0)
+        run_args, args, _, _ = parse(recipe, output_dir=str(OUT / name / "warm-eval"), seed=0)
         model = AutoModelForCausalLM.from_pretrained(warm_dir)
         trainer = MultiTurnStarPOTrainer(model, args, processing_class=AutoTokenizer.from_pretrained(warm_dir))
         final = trainer.evaluate_success()
@@ -389,11 +391,33 @@ def warm_starts() -> None:
             "success": final["success"],
             "format_error_rate": final.get("format_error_rate"),
             "episodes": args.num_eval_episodes,
+            **references(run_args, args, trainer.processing_class, trainer.eos_token_ids),
             **stamp(),
         }
         print(env_id, results[env_id], flush=True)
     if not QUICK:
         store("warm_starts", {"per_env": {**kept_results("warm_starts"), **results}}, seeds=[0])
+
+
+def references(run_args, args, tokenizer, eos: list[int]) -> dict:
+    """What a warm start's held-out success is read against, on the held-out start states of ``args`` with its
+    budgets: ``random_mover`` (uniformly random actions) and ``teacher`` (the noisy expert of the warm start's
+    demonstrations: ``warm_start_noise``, ``warm_start_actions_per_turn``)."""
+    import gymnasium as gym
+
+    from experiments.answers import random_mover_success
+    from starpo_trl.config import rollout_config
+    from starpo_trl.warm_start import demonstrations
+
+    env = args.eval_envs()[0]
+    seeds = range(args.eval_seed_offset, args.eval_seed_offset + args.num_eval_episodes)
+    make = lambda: gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped  # noqa: E731
+    budget = (args.max_turns, args.max_actions_per_turn, args.max_actions_per_episode)
+    noise, per_turn = run_args.warm_start_noise, run_args.warm_start_actions_per_turn
+    demos = demonstrations(
+        tokenizer, eos, env.env_id, dict(env.env_kwargs), seeds, noise, rollout_config(args), per_turn
+    )
+    return {"random_mover": random_mover_success(make, seeds, *budget), "teacher": sum(demos["success"]) / len(seeds)}
 
 
 def stamp() -> dict:

@@ -379,14 +379,18 @@ def warm_starts_lines(r: dict) -> list[str]:
         f"## Learning: the warm starts (`python -m experiments.learning warm`, {stamp(r)})",
         "",
         "Each env's warm start (the demo recipe's, made once and cached): the model the comparisons below start "
-        "from, on the held-out episodes their final evaluation plays.",
+        "from, on the held-out episodes their final evaluation plays. Beside it, on the same start states and "
+        "budgets: a mover playing uniformly random actions (luck alone) and the warm start's teacher (the noisy "
+        "expert its demonstrations came from).",
         "",
-        "| env | held-out success | format-error rate (per turn) | episodes |",
-        "|---|---|---|---|",
+        "| env | held-out success | random mover | teacher | format-error rate (per turn) | episodes |",
+        "|---|---|---|---|---|---|",
     ]
+    number = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for env_id, x in r["per_env"].items():
-        errors = "-" if x.get("format_error_rate") is None else f"{x['format_error_rate']:.3f}"
-        lines.append(f"| `{env_id}` | {x['success']:.3f} | {errors} | {x['episodes']} |")
+        refs = " | ".join(number(x.get(k)) for k in ("random_mover", "teacher"))
+        errors = number(x.get("format_error_rate"))
+        lines.append(f"| `{env_id}` | {x['success']:.3f} | {refs} | {errors} | {x['episodes']} |")
     return lines + ["", measured_line(r["per_env"]), ""]
 
 

@@ -868,7 +868,8 @@ def test_random_mover_success_by_hand():
     """experiments.answers.random_mover_success on a corridor worked out by hand: the goal is one Right from the
     start and Left at the wall stays put, so uniformly random moves reach it within n moves with probability
     1 - 0.5**n (0.5, 0.75, 0.875 for 1, 2, 3 moves: turns x actions per turn); the estimate over 4,000 start
-    states is within 0.03 of it. A budget of 0 moves never succeeds."""
+    states is within 0.03 of it. A budget of 0 moves never succeeds; the episode's cap (``max_actions_per_episode``)
+    binds below turns x actions per turn (3 x 2 moves capped at 1: 0.5)."""
     from experiments.answers import random_mover_success
 
     class Corridor:
@@ -888,6 +889,8 @@ def test_random_mover_success_by_hand():
     for turns, per_turn, expected in [(1, 1, 0.5), (2, 1, 0.75), (1, 3, 0.875), (3, 1, 0.875)]:
         assert abs(random_mover_success(Corridor, range(4000), turns, per_turn) - expected) < 0.03
     assert random_mover_success(Corridor, range(10), 0, 1) == 0.0
+    for turns, per_turn, cap, expected in [(3, 2, 1, 0.5), (3, 2, 2, 0.75), (1, 1, 5, 0.5)]:
+        assert abs(random_mover_success(Corridor, range(4000), turns, per_turn, cap) - expected) < 0.03
 
 
 def test_a_runs_flags_name_its_figure_and_long_flags_are_cut_with_their_hash():
@@ -915,7 +918,9 @@ def test_a_runs_flags_name_its_figure_and_long_flags_are_cut_with_their_hash():
 def test_warm_starts_are_evaluated_as_the_comparisons_evaluate_and_tabled(tmp_path, monkeypatch, tiny_tokenizer):
     """learning.py warm: each env's cached warm start (here an untrained tiny model saved as one: it writes no
     answer) plays the recipe's held-out episodes through the trainer's own evaluation; stored per env with when and
-    where, kept for envs not measured again, and tabled."""
+    where, kept for envs not measured again, and tabled. Beside it, on the same 256 held-out bandits: a random
+    mover picks the better arm half the time (0.5), the teacher (the recipe's expert, replaced by a uniformly random
+    arm with probability warm_start_noise 0.6) 1 - 0.6 / 2 = 0.7; each within 0.1 (over 3 standard errors)."""
     import json
 
     from experiments import learning, report
@@ -939,7 +944,9 @@ def test_warm_starts_are_evaluated_as_the_comparisons_evaluate_and_tabled(tmp_pa
     assert stored["starpo/Sokoban-v0"] == earlier  # not measured again: kept
     bandit = stored["starpo/Bandit-v0"]
     assert (bandit["success"], bandit["format_error_rate"], bandit["episodes"]) == (0.0, 1.0, 256)
+    assert abs(bandit["random_mover"] - 0.5) < 0.1 and abs(bandit["teacher"] - 0.7) < 0.1
     text = (tmp_path / "REPORT.md").read_text()
     assert "## Learning: the warm starts (`python -m experiments.learning warm`" in text
-    assert "| `starpo/Bandit-v0` | 0.000 | 1.000 | 256 |" in text
-    assert "| `starpo/Sokoban-v0` | 0.250 | 0.500 | 256 |" in text
+    refs = f"{bandit['random_mover']:.3f} | {bandit['teacher']:.3f}"
+    assert f"| `starpo/Bandit-v0` | 0.000 | {refs} | 1.000 | 256 |" in text
+    assert "| `starpo/Sokoban-v0` | 0.250 | - | - | 0.500 | 256 |" in text  # stored before the references
