@@ -23,7 +23,10 @@ The room, one text row per line. Default symbols (the paper's)::
     ######
 
 ``#`` wall, ``_`` floor, ``O`` target, ``X`` box, ``√`` box on target, ``P`` player, ``S`` player on
-target. ``symbols="alt"`` uses another vocabulary (``W . T B b A a``) to test generalisation.
+target. ``symbols="alt"`` uses another vocabulary (``W . T B b A a``) to test generalisation. ``cell_separator=" "``
+puts a space between the cells of a row (``# _ P _ _ #``): a tokenizer that merges runs of the same symbol
+(``#__`` as one token) hides which column a cell is in, and with the space most BPE vocabularies give each cell its
+own token.
 
 ## Rewards
 -0.1 every step (invalid ones included), +1 for pushing a box onto a target, -1 for pushing one
@@ -33,7 +36,7 @@ off a target, +10 when every box is on a target.
 Terminated when every box is on a target (``success``); truncated after ``max_steps`` steps.
 
 ## Arguments
-``dim_room=(6, 6)``, ``num_boxes=1``, ``max_steps=100``, ``symbols="paper" | "alt"``,
+``dim_room=(6, 6)``, ``num_boxes=1``, ``max_steps=100``, ``symbols="paper" | "alt"``, ``cell_separator=""``,
 ``max_solution_steps=10`` (the room is the farthest reverse-play state within this many moves of
 solved, so an expert can finish inside the trainer's action budget), ``render_mode=None | "ansi"``.
 
@@ -216,10 +219,13 @@ class SokobanEnv(TextEnv):
         symbols: str = "paper",
         max_solution_steps: int = 10,
         render_mode: str | None = None,
+        cell_separator: str = "",
     ):
         super().__init__(render_mode)
         if symbols not in SYMBOLS:
             raise ValueError(f"symbols must be one of {sorted(SYMBOLS)}, got {symbols!r}")
+        if "\n" in cell_separator or any(symbol in cell_separator for symbol in SYMBOLS[symbols].values()):
+            raise ValueError(f"cell_separator must not hold a newline or a room symbol, got {cell_separator!r}")
         if min(dim_room) < 4 or num_boxes < 1:
             raise ValueError("dim_room must be at least (4, 4) and num_boxes at least 1")
         self.dim_room = tuple(dim_room)
@@ -227,6 +233,7 @@ class SokobanEnv(TextEnv):
         self.max_steps = max_steps
         self.max_solution_steps = max_solution_steps
         self.symbols = SYMBOLS[symbols]
+        self.cell_separator = cell_separator
         legend = ", ".join(f"{self.symbols[k]} {LEGEND[k]}" for k in LEGEND)
         self.instructions = (
             "You are solving the Sokoban puzzle. Push every box onto a target. You can push a box but "
@@ -289,7 +296,7 @@ class SokobanEnv(TextEnv):
                     row.append(s["wall"])
                 else:
                     row.append(s["target"] if on_target else s["floor"])
-            rows.append("".join(row))
+            rows.append(self.cell_separator.join(row))
         return "\n".join(rows)
 
     def expert_thought(self) -> str:

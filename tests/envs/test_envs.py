@@ -150,6 +150,30 @@ def test_sokoban_alt_symbols_and_larger_rooms():
         assert len(big.boxes) == 2 and solve_sokoban(big.fixed, big.boxes, big.player)
 
 
+def test_sokoban_cell_separator_gives_each_cell_its_own_token(tiny_tokenizer):
+    """cell_separator=" ": the same room with a space between a row's cells (written out by hand), the same rewards;
+    the tiny tokenizer merges runs of cells without it (a cell's column is not its token count) and gives each cell
+    one token with it. A separator holding a newline or a room symbol is refused."""
+    env = _room(["######", "#P_XO#", "#____#", "######"])
+    env.cell_separator = " "
+    assert env.render_text() == "# # # # # #\n# P _ X O #\n# _ _ _ _ #\n# # # # # #"
+    _, r, _, _, _ = env.step("Right")
+    assert r == pytest.approx(-0.1) and env.render_text().splitlines()[1] == "# _ P X O #"
+
+    def tokens(text):
+        return [tiny_tokenizer.decode([i]) for i in tiny_tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    assert len(tokens("#__X##")) < 6  # merged: "#__" is one token
+    assert [t.strip() for t in tokens("# _ _ X # #")] == ["#", "_", "_", "X", "#", "#"]
+    fresh = SokobanEnv(cell_separator=" ")
+    obs, _ = fresh.reset(seed=3)
+    plain = SokobanEnv()
+    assert obs.replace(" ", "") == plain.reset(seed=3)[0]  # the same room
+    for bad in ("\n", "#", " X "):
+        with pytest.raises(ValueError, match="cell_separator"):
+            SokobanEnv(cell_separator=bad)
+
+
 # -- FrozenLake ---------------------------------------------------------------------------------------
 def test_frozenlake_transitions_agree_with_gymnasium():
     env = gym.make("starpo/FrozenLake-v0").unwrapped
