@@ -575,7 +575,8 @@ def test_collapse_real_run_stops_at_its_time_budget():
 
 
 def test_runs_of_one_recipe_on_several_seeds_are_summarised():
-    """Mean (min-max) over seeds per eval env, and how many runs reached the target; a recipe run once is not."""
+    """Mean (min-max) over seeds per eval env, and how many runs met the target (0.9 after RL on a Bandit env; +10
+    points over the run's own before elsewhere); a recipe run once is not summarised."""
     from experiments import report
 
     def run(seed, flags, test_after, heldout_after):
@@ -603,6 +604,23 @@ def test_runs_of_one_recipe_on_several_seeds_are_summarised():
         "| `recipes/r.yaml` | BanditHeldout-v0 | 0, 1 | 0.250 (0.250-0.250) | 0.900 (0.850-0.950) | 1 of 2 |" in lines
     )
     assert report.real_model_seed_lines({"runs": runs[3:]}) == []
+
+    def lake(seed, before, after):  # FrozenLake: the target is a gain of 10 points, not 0.9
+        return {
+            "recipe": "recipes/lake.yaml",
+            "flags": f"--seed {seed}" if seed else "",
+            "eval_env_id": "starpo/FrozenLake-v0",
+            "success_before": before,
+            "success_after": after,
+            "provenance": {"seeds": [seed]},
+        }
+
+    lakes = [lake(0, 0.2, 0.35), lake(1, 0.25, 0.3), lake(2, 0.1, 0.2)]  # gains 0.15, 0.05, 0.10: two met
+    lines = report.real_model_seed_lines({"runs": lakes})
+    assert (
+        "| `recipes/lake.yaml` | starpo/FrozenLake-v0 | 0, 1, 2 | 0.183 (0.100-0.250) | 0.283 (0.200-0.350) | 2 of 3 |"
+        in lines
+    )
 
 
 def test_the_readme_shows_a_runs_other_eval_env_when_it_was_played():
