@@ -24,9 +24,9 @@ The room, one text row per line. Default symbols (the paper's)::
 
 ``#`` wall, ``_`` floor, ``O`` target, ``X`` box, ``√`` box on target, ``P`` player, ``S`` player on
 target. ``symbols="alt"`` uses another vocabulary (``W . T B b A a``) to test generalisation. ``cell_separator=" "``
-puts a space between the cells of a row (``# _ P _ _ #``): a tokenizer that merges runs of the same symbol
-(``#__`` as one token) hides which column a cell is in, and with the space most BPE vocabularies give each cell its
-own token.
+puts a space between the cells of a row (``# _ P _ _ #``): a tokenizer that merges runs of cells (``#__`` as one
+token) hides which column a cell is in; with the space the tiny offline model's tokenizer gives each cell its own
+token.
 
 ## Rewards
 -0.1 every step (invalid ones included), +1 for pushing a box onto a target, -1 for pushing one
