@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import pathlib
 import sys
 import time
@@ -45,6 +46,13 @@ def answer_counts(episodes, env, enable_think: bool) -> dict[str, int]:
                 index = env.match_action(reply.actions[0])
                 counts[OTHER if index is None else env.action_names[index]] += 1
     return dict(counts)
+
+
+def text_env(env):
+    """A fresh text env of an ``EnvConfig`` (its id and kwargs), unwrapped from Gymnasium's checkers."""
+    import gymnasium as gym
+
+    return gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped
 
 
 def random_mover_success(
@@ -77,7 +85,6 @@ def measure(
 ) -> dict:
     """The recipe's untouched model on ``episodes`` held-out episodes per format line and temperature, and the
     random mover on ``mover_episodes`` held-out start states."""
-    import gymnasium as gym
     import torch
 
     import evaluate
@@ -93,8 +100,8 @@ def measure(
         build()  # the offline model's directory, written once
     model, tok = load_model_and_tokenizer(model_args, tiny_args, seed=base.seed, rollout=rollout_config(base))
     env = base.eval_envs()[0]
-    make = lambda: gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped  # noqa: E731
-    text_env = make()
+    make = functools.partial(text_env, env)
+    played_env = make()
     rows = []
     for line in lines or [base.format_instruction]:
         _, config, _, _ = train.parser().parse_args_and_config(args=["--config", recipe, "--format_instruction", line])
@@ -107,7 +114,7 @@ def measure(
             stats = episode_metrics(played)
             row = {"format_instruction": line, "temperature": temperature, "episodes": episodes}
             row.update({k: stats[k] for k in ("success", "format_error_rate", "turns")})
-            row["answers"] = answer_counts(played, text_env, config.enable_think)
+            row["answers"] = answer_counts(played, played_env, config.enable_think)
             rows.append(row)
             print(row, flush=True)
     seeds = range(base.eval_seed_offset, base.eval_seed_offset + mover_episodes)
@@ -115,7 +122,7 @@ def measure(
     return {
         "env_id": env.env_id,
         "env_kwargs": dict(env.env_kwargs),
-        "actions": list(text_env.action_names),
+        "actions": list(played_env.action_names),
         "rows": rows,
         "random_mover": {"success": mover, "episodes": mover_episodes},
     }

@@ -403,15 +403,15 @@ def references(run_args, args, tokenizer, eos: list[int]) -> dict:
     """What a warm start's held-out success is read against, on the held-out start states of ``args`` with its
     budgets: ``random_mover`` (uniformly random actions) and ``teacher`` (the noisy expert of the warm start's
     demonstrations: ``warm_start_noise``, ``warm_start_actions_per_turn``)."""
-    import gymnasium as gym
+    import functools
 
-    from experiments.answers import random_mover_success
+    from experiments.answers import random_mover_success, text_env
     from starpo_trl.config import rollout_config
     from starpo_trl.warm_start import demonstrations
 
     env = args.eval_envs()[0]
     seeds = range(args.eval_seed_offset, args.eval_seed_offset + args.num_eval_episodes)
-    make = lambda: gym.make(env.env_id, **dict(env.env_kwargs)).unwrapped  # noqa: E731
+    make = functools.partial(text_env, env)
     budget = (args.max_turns, args.max_actions_per_turn, args.max_actions_per_episode)
     noise, per_turn = run_args.warm_start_noise, run_args.warm_start_actions_per_turn
     demos = demonstrations(

@@ -17,6 +17,11 @@ MARKDOWN = ROOT / "experiments" / "README.md"
 README = ROOT / "README.md"
 
 
+def three(value: float | None) -> str:
+    """A share or rate in a table cell: three decimals, ``-`` where it was not measured."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def load() -> dict:
     return read(RESULTS)
 
@@ -290,13 +295,12 @@ def real_model_runs_lines(r: dict) -> list[str]:
         "| recipe | train env | eval env | start | success before -> after | format errors before -> after | steps | step s (median) | wall s | peak RSS MiB | curves |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     run_name = lambda x: f"`{where(x['recipe'])}`" + (f" `{x['flags']}`" if x.get("flags") else "")  # noqa: E731
     for x in r["runs"]:
         start = x["start"] + (f" ({x['warm_start']})" if x.get("warm_start") else "")
         lines.append(
-            f"| {run_name(x)} | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {fmt(x['success_before'])} -> {fmt(x['success_after'])} "
-            f"| {fmt(x['format_error_before'])} -> {fmt(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
+            f"| {run_name(x)} | `{x['env_id']}` | `{x['eval_env_id']}` | {start} | {three(x['success_before'])} -> {three(x['success_after'])} "
+            f"| {three(x['format_error_before'])} -> {three(x['format_error_after'])} | {x['max_steps']} | {x['step_seconds_median']} | "
             f"{x['wall_seconds']:.0f} | {x['peak_rss_mib'] or '-'} | [{x['curves']}](figures/{x['curves']}) |"
         )
     lines.append("")
@@ -313,8 +317,8 @@ def real_model_runs_lines(r: dict) -> list[str]:
         for x in several:
             for env, e in x["eval_envs"].items():
                 lines.append(
-                    f"| {run_name(x)} | {env} | {fmt(e['success_before'])} -> {fmt(e['success_after'])} "
-                    f"| {fmt(e['format_error_before'])} -> {fmt(e['format_error_after'])} |"
+                    f"| {run_name(x)} | {env} | {three(e['success_before'])} -> {three(e['success_after'])} "
+                    f"| {three(e['format_error_before'])} -> {three(e['format_error_after'])} |"
                 )
         lines.append("")
     return lines
@@ -386,10 +390,9 @@ def warm_starts_lines(r: dict) -> list[str]:
         "| env | held-out success | random mover | teacher | format-error rate (per turn) | episodes |",
         "|---|---|---|---|---|---|",
     ]
-    number = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for env_id, x in r["per_env"].items():
-        refs = " | ".join(number(x.get(k)) for k in ("random_mover", "teacher"))
-        errors = number(x.get("format_error_rate"))
+        refs = " | ".join(three(x.get(k)) for k in ("random_mover", "teacher"))
+        errors = three(x.get("format_error_rate"))
         lines.append(f"| `{env_id}` | {x['success']:.3f} | {refs} | {errors} | {x['episodes']} |")
     return lines + ["", measured_line(r["per_env"]), ""]
 
