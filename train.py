@@ -370,8 +370,9 @@ def parser() -> TrlParser:
 
 def cli(argv: list[str] | None = None) -> dict:
     """The script: parse the flags and the recipe, train, then end the process group of a multi-process run (only
-    after a run that finished: a rank that raised must not wait on the others). Left alive at interpreter exit,
-    gloo's worker threads can abort the process ("terminate called without an active exception")."""
+    after a run that finished: a rank that raised must not wait on the others), once every rank has got there. Left
+    alive at interpreter exit, or torn down while another rank still talks to them, gloo's worker threads can abort
+    the process ("terminate called without an active exception")."""
     import torch.distributed as dist
 
     try:
@@ -380,6 +381,7 @@ def cli(argv: list[str] | None = None) -> dict:
         raise SettingsError(str(err)) from err
     result = main(*parsed)
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
     return result
 

@@ -318,8 +318,9 @@ def test_torch_install_takes_the_cpu_build(tmp_path, index_url, local, expected)
 
 
 def test_the_script_ends_the_process_group_after_a_finished_run_only(tmp_path, monkeypatch):
-    """train.py's entry point destroys the process group once main returned (gloo's threads left alive at exit can
-    abort a rank), and leaves it to the launcher when main raised (a failed rank must not wait on the others)."""
+    """train.py's entry point destroys the process group once main returned and every rank got there (a barrier
+    first: gloo torn down while another rank still talks to it, or left alive at exit, can abort a rank), and leaves
+    it to the launcher when main raised (a failed rank must not wait on the others)."""
     import torch.distributed as dist
 
     sys.path.insert(0, str(ROOT))
@@ -329,10 +330,11 @@ def test_the_script_ends_the_process_group_after_a_finished_run_only(tmp_path, m
     store = str(tmp_path / "store")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
-        seen = []
+        seen, barrier = [], dist.barrier
         monkeypatch.setattr(train, "main", lambda *a: seen.append(dist.is_initialized()) or {"success_after": 1.0})
+        monkeypatch.setattr(dist, "barrier", lambda *a, **k: seen.append("barrier") or barrier(*a, **k))
         assert train.cli(argv) == {"success_after": 1.0}
-        assert seen == [True] and not dist.is_initialized()
+        assert seen == [True, "barrier"] and not dist.is_initialized()
 
         dist.init_process_group("gloo", init_method=f"file://{store}-2", rank=0, world_size=1)
 
@@ -342,7 +344,7 @@ def test_the_script_ends_the_process_group_after_a_finished_run_only(tmp_path, m
         monkeypatch.setattr(train, "main", fails)
         with pytest.raises(RuntimeError, match="a rank failed"):
             train.cli(argv)
-        assert dist.is_initialized()
+        assert dist.is_initialized() and seen == [True, "barrier"]  # no barrier after a raise either
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

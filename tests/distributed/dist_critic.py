@@ -91,7 +91,8 @@ def main(out):
     }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    dist.barrier()  # no rank tears gloo down while another still talks to it
+    dist.destroy_process_group()  # gloo's threads left alive at exit can abort the process
 
 
 if __name__ == "__main__":

@@ -96,8 +96,8 @@ def main(out):
         }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
-    # gloo's worker threads left alive at interpreter exit can abort the process (as train.py's cli says)
-    torch.distributed.destroy_process_group()
+    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it
+    torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
 
 
 if __name__ == "__main__":

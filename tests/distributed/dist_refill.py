@@ -42,6 +42,7 @@ def main(out):
         "rounds": rounds,
     }
     (pathlib.Path(out) / f"rank-{trainer.accelerator.process_index}.json").write_text(json.dumps(summary))
+    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it
     torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
 
 

@@ -59,6 +59,7 @@ def main(out):
     rank = trainer.accelerator.process_index
     summary = {"num_processes": trainer.accelerator.num_processes, "steps": digests.steps, "zero_advantage": logged}
     (pathlib.Path(out) / f"rank-{rank}.json").write_text(json.dumps(summary))
+    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it
     torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
 
 
