@@ -96,6 +96,7 @@ bench-real: $(STAMP)
 	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml
 	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml --seed 1 --output_dir runs/smollm2-bandit-untouched-s1
 	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml --seed 2 --output_dir runs/smollm2-bandit-untouched-s2
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-bandit-payouts-mirror.yaml
 
 clean:
 	rm -rf $(VENV) runs

@@ -695,7 +695,13 @@ README_RUNS = (
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
         "",
-        "the same, payouts drawn per seed, the safe arm better in about half (`BanditPayoutsHeldout-v0`)",
+        "the same, payouts drawn per seed (`BanditPayoutsHeldout-v0`)",
+        "BanditPayoutsHeldout-v0",
+    ),
+    (
+        "experiments/recipes/smollm2-cpu-bandit-payouts-mirror.yaml",
+        "",
+        "trained on drawn payouts (warm start on random picks); 16 held-out pairs",
         "BanditPayoutsHeldout-v0",
     ),
 )
