@@ -368,21 +368,26 @@ def parser() -> TrlParser:
     return RecipeParser((RunArguments, StarPOConfig, ModelConfig, TinyModelArguments))
 
 
-def cli(argv: list[str] | None = None) -> dict:
-    """The script: parse the flags and the recipe, train, then end the process group of a multi-process run (only
-    after a run that finished: a rank that raised must not wait on the others), once every rank has got there. Left
-    alive at interpreter exit, or torn down while another rank still talks to them, gloo's worker threads can abort
-    the process ("terminate called without an active exception")."""
+def end_process_group() -> None:
+    """End a multi-process run's process group once every rank has got here (a barrier first); nothing in a single
+    process. Left alive at interpreter exit, or torn down while another rank still talks to them, gloo's worker
+    threads can abort the process ("terminate called without an active exception")."""
     import torch.distributed as dist
 
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def cli(argv: list[str] | None = None) -> dict:
+    """The script: parse the flags and the recipe, train, then `end_process_group` (only after a run that finished:
+    a rank that raised must not wait on the others)."""
     try:
         parsed = parser().parse_args_and_config(args=argv)
     except ValueError as err:
         raise SettingsError(str(err)) from err
     result = main(*parsed)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    end_process_group()
     return result
 
 

@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import train
 from starpo_trl.algorithms.critic import make_critic
 from starpo_trl.models import weights_digest
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer
@@ -91,8 +92,7 @@ def main(out):
     }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
-    dist.barrier()  # no rank tears gloo down while another still talks to it
-    dist.destroy_process_group()  # gloo's threads left alive at exit can abort the process
+    train.end_process_group()  # every rank done, then the group ended (gloo can abort at exit otherwise)
 
 
 if __name__ == "__main__":

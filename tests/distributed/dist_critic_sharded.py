@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+import train  # noqa: E402
 from starpo_trl.algorithms.critic import deepspeed_critic_config, make_critic  # noqa: E402
 from starpo_trl.algorithms.value_model import decoder_of  # noqa: E402
 from starpo_trl.models import weights_digest  # noqa: E402
@@ -157,8 +158,7 @@ def main(out):
         result["partitioned_copy_diff"] = max((a - b).abs().max().item() for a, b in zip(copied, source))
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()  # gloo's threads left alive at exit can abort the process
+    train.end_process_group()  # every rank done, then the group ended (gloo can abort at exit otherwise)
 
 
 if __name__ == "__main__":

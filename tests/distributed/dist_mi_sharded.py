@@ -22,6 +22,7 @@ import sharded_cpu  # noqa: E402,F401  (DeepSpeed / FSDP on CPU processes)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import train  # noqa: E402
 from starpo_trl.monitoring.mutual_info import mi_metrics  # noqa: E402
 from starpo_trl.rollout.engine import Episode, StartState  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
@@ -96,8 +97,7 @@ def main(out):
         }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
-    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it
-    torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
+    train.end_process_group()  # every rank done, then the group ended (gloo can abort at exit otherwise)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@ import json
 import pathlib
 import sys
 
-import torch
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the suite's helpers
 from conftest import ScriptedBackend  # noqa: E402  (registers the starpo/* envs too)
 from helpers import make_args  # noqa: E402
 from test_refill import REFILL, constant_then_mixed  # noqa: E402
 
+import train  # noqa: E402
 from starpo_trl import MultiTurnStarPOTrainer  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
@@ -42,8 +41,7 @@ def main(out):
         "rounds": rounds,
     }
     (pathlib.Path(out) / f"rank-{trainer.accelerator.process_index}.json").write_text(json.dumps(summary))
-    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it
-    torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
+    train.end_process_group()  # every rank done, then the group ended (gloo can abort at exit otherwise)
 
 
 if __name__ == "__main__":

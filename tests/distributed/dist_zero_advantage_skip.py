@@ -16,6 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: 
 from conftest import ScriptedBackend  # noqa: E402  (registers the starpo/* envs too)
 from helpers import ZERO_ADVANTAGE_AFTER_UPDATES, make_args, zero_advantage_after_updates_reply  # noqa: E402
 
+import train  # noqa: E402
 from starpo_trl import MultiTurnStarPOTrainer  # noqa: E402
 from starpo_trl.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
@@ -59,8 +60,7 @@ def main(out):
     rank = trainer.accelerator.process_index
     summary = {"num_processes": trainer.accelerator.num_processes, "steps": digests.steps, "zero_advantage": logged}
     (pathlib.Path(out) / f"rank-{rank}.json").write_text(json.dumps(summary))
-    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it
-    torch.distributed.destroy_process_group()  # gloo's threads left alive at exit can abort the process
+    train.end_process_group()  # every rank done, then the group ended (gloo can abort at exit otherwise)
 
 
 if __name__ == "__main__":
