@@ -17,6 +17,7 @@ that were sampled. The engine needs no Trainer: give it a tokenizer and a backen
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -34,6 +35,7 @@ from starpo_trl.rollout.prompting import (
     first_user_message,
     parse_reply,
     parse_tool_calls,
+    shuffled_actions,
     turn_message,
 )
 from starpo_trl.rollout.settings import RolloutSettings
@@ -126,6 +128,7 @@ class _Live:
     observations: list[str] = field(default_factory=list)  # the observation before each turn
     tools: list[dict] | None = None  # tool_call format: the env's tool schemas
     tool_results: list[str] = field(default_factory=list)  # tool_call format: this turn's results, in call order
+    order: list[str] | None = None  # shuffle_instruction_actions: the action names in this episode's format line
 
 
 def holds_stop_string(tokenizer, ids: list[int], stop_strings) -> bool:
@@ -300,8 +303,12 @@ class RolloutEngine:
         """The episodes' first prompts (or their reset errors), and what each run keeps per episode."""
         cfg = self.config
         episodes, live = [], []
+        copies = collections.Counter()  # how many episodes of each start state came before
         for start, (env, obs, error) in zip(starts, opened):
-            tools = None
+            tools, order = None, None
+            if error is None and cfg.shuffle_instruction_actions and env.unwrapped.action_names:
+                order = shuffled_actions(env.unwrapped.action_names, start.seed, copies[start])
+            copies[start] += 1
             if error is None and cfg.action_format == "tool_call":
                 tools = list(getattr(env.unwrapped, "tool_schemas", None) or [])
                 content = obs  # the env's own opening text; the template lists the tools
@@ -309,7 +316,7 @@ class RolloutEngine:
                 ep.messages.append({"role": "user", "content": content})
             elif error is None:
                 content = first_user_message(
-                    env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think, cfg.format_instruction
+                    env, obs, cfg.max_actions_per_turn, cfg.max_turns, cfg.enable_think, cfg.format_instruction, order
                 )
                 ep = Episode(start=start, prompt_ids=self.chat.prompt_ids(content))
                 ep.messages.append({"role": "user", "content": content})
@@ -318,7 +325,14 @@ class RolloutEngine:
                 ep.env_error, ep.done = error, True
             episodes.append(ep)
             live.append(
-                _Live(env=env, obs=obs, actions_left=cfg.max_actions_per_episode, observations=[obs], tools=tools)
+                _Live(
+                    env=env,
+                    obs=obs,
+                    actions_left=cfg.max_actions_per_episode,
+                    observations=[obs],
+                    tools=tools,
+                    order=order,
+                )
             )
         return episodes, live
 
@@ -390,6 +404,7 @@ class RolloutEngine:
                 cfg.max_turns,
                 cfg.enable_think,
                 cfg.format_instruction,
+                state.order,
             )
         )
         tail = ep.completion_ids[ep.reply_starts[first] :] if k else []
@@ -418,7 +433,14 @@ class RolloutEngine:
         else:
             actions_left = state.actions_left if self._named(state.env) else None
             content = turn_message(
-                turn + 1, state.obs, actions_left, reward, cfg.enable_think, cfg.format_instruction, state.env
+                turn + 1,
+                state.obs,
+                actions_left,
+                reward,
+                cfg.enable_think,
+                cfg.format_instruction,
+                state.env,
+                state.order,
             )
             new = [{"role": "user", "content": content}]
             message_ids = self.chat.message_ids(new[0])

@@ -8,6 +8,7 @@ reward and the new state. The model answers ``<think>...</think><answer>...</ans
 
 from __future__ import annotations
 
+import random
 import re
 import string
 from dataclasses import dataclass, field
@@ -66,10 +67,23 @@ def _template_fields(template: str) -> set[str]:
     return {re.split(r"[.\[]", name, maxsplit=1)[0] for name in names}
 
 
-def format_instruction(enable_think: bool, template: str | None = None, env=None) -> str:
+def names_fields(template: str | None) -> bool:
+    """Whether a format instruction template names a field (``{example_action}``, ``{actions}``)."""
+    return template is not None and bool(_template_fields(template))
+
+
+def shuffled_actions(names, seed: int, copy: int) -> list[str]:
+    """The action names in the order one episode's format line shows them (``shuffle_instruction_actions``): a
+    permutation drawn from the episode's start seed and ``copy``, its place among the episodes of that start state
+    in one rollout (so a group's episodes each draw their own), the same on every run and machine."""
+    return random.Random(f"instruction-order/{seed}/{copy}").sample(list(names), len(names))
+
+
+def format_instruction(enable_think: bool, template: str | None = None, env=None, order=None) -> str:
     """The line that ends every user message. ``template`` None: the paper's. Otherwise the template,
     with ``{example_action}`` replaced by the env's first action name and ``{actions}`` by its action
-    names (``{actions[i]}``: the i-th; envs with named actions only)."""
+    names (``{actions[i]}``: the i-th; envs with named actions only). ``order``: the env's action names
+    in the order to show them (``shuffled_actions``), the example being its first."""
     if template is None:
         if enable_think:
             return (
@@ -86,6 +100,7 @@ def format_instruction(enable_think: bool, template: str | None = None, env=None
             f"format_instruction names {sorted(_template_fields(template))}, but {name} has no named actions: "
             "write the example into the instruction instead."
         )
+    names = list(order) if order is not None else names
     try:
         return template.format(example_action=names[0], actions=ActionNames(names))
     except IndexError:
@@ -134,8 +149,10 @@ def first_user_message(
     max_turns: int,
     enable_think: bool,
     instruction: str | None = None,
+    order=None,
 ) -> str:
-    """Turn 1's message; ``instruction``: a custom format instruction template (``format_instruction``)."""
+    """Turn 1's message; ``instruction``: a custom format instruction template, ``order``: the order it shows
+    the actions in (``format_instruction``)."""
     env = env.unwrapped if hasattr(env, "unwrapped") else env
     if env.action_names is not None and max_actions_per_turn == 1:
         budget = "You can make one action per turn."
@@ -144,7 +161,7 @@ def first_user_message(
     else:
         budget = "Give one answer."
     return f"{env.instructions}\n{budget} You have at most {max_turns} turns.\n" + turn_message(
-        1, observation, actions_left=None, reward=None, enable_think=enable_think, instruction=instruction, env=env
+        1, observation, None, None, enable_think, instruction, env, order
     )
 
 
@@ -156,6 +173,7 @@ def turn_message(
     enable_think: bool,
     instruction: str | None = None,
     env=None,
+    order=None,
 ) -> str:
     parts = []
     if reward is not None:
@@ -163,7 +181,7 @@ def turn_message(
     parts.append(f"Turn {turn}:\nState:\n{observation}")
     if actions_left is not None:
         parts.append(f"You have {actions_left} actions left.")
-    parts.append(format_instruction(enable_think, instruction, env))
+    parts.append(format_instruction(enable_think, instruction, env, order))
     return "\n".join(parts)
 
 

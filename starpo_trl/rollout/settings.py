@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from starpo_trl.numeric_settings import Range, check_declared
 from starpo_trl.rollout.env_runner import RUNNERS
-from starpo_trl.rollout.prompting import resolve_reply_prefix
+from starpo_trl.rollout.prompting import names_fields, resolve_reply_prefix
 from starpo_trl.settings_base import Settings
 
 ACTION_FORMATS = ("answer_tags", "tool_call")
@@ -75,6 +75,13 @@ class RolloutSettings(Settings):
             the paper's "Always output: <answer> [your answer] </answer> with no extra text."; may
             name `{example_action}` (the env's first action name) and `{actions}` (its action names:
             `{actions}` lists them, `{actions[i]}` names one), for envs with named actions.
+        shuffle_instruction_actions (`bool`, False): each episode's format line shows the actions in an
+            order of its own (`{actions}` in that order, `{example_action}` its first), drawn from the
+            episode's start seed and its place among the episodes of that start in the rollout (each
+            episode of a group draws its own), the same on every run; in training and evaluation alike.
+            A small model tends to answer the listed example or first action: shuffling spreads its
+            first moves over all actions without telling it which is right. Needs a `format_instruction`
+            that names `{actions}` or `{example_action}`.
         stop_strings (`list[str]` or `None`): a reply ends with the first token that completes one of
             these in its text (kept, as vLLM's `include_stop_str_in_output`); what was sampled after
             it is dropped and the turn closed with the end-of-turn token, as a reply cut at
@@ -127,6 +134,10 @@ class RolloutSettings(Settings):
         metadata={
             "help": "The format line ending each user message (may name {example_action}, {actions}); None: the paper's."
         },
+    )
+    shuffle_instruction_actions: bool = field(
+        default=False,
+        metadata={"help": "Each episode's format line lists {actions} (and takes {example_action}) in its own order."},
     )
     stop_strings: list[str] | None = field(
         default=None, metadata={"help": "A reply ends after the first of these it writes (kept), e.g. </answer>."}
@@ -201,6 +212,12 @@ class RolloutSettings(Settings):
             isinstance(self.stop_strings, str) or not all(isinstance(x, str) and x for x in self.stop_strings)
         ):
             raise ValueError(f"stop_strings must be a list of non-empty strings, got {self.stop_strings!r}")
+        if self.shuffle_instruction_actions and not names_fields(self.format_instruction):
+            raise ValueError(
+                "shuffle_instruction_actions shuffles the actions a format_instruction names: give a format_instruction "
+                "with {actions} or {example_action} (e.g. 'One of {actions}: <answer>{example_action}</answer>'), "
+                "or leave shuffle_instruction_actions off."
+            )
         if self.action_format == "tool_call" and self.reply_prefix:
             raise ValueError(
                 "reply_prefix opens <think>/<answer> replies: leave it empty with action_format='tool_call'."

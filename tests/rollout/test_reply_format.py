@@ -15,6 +15,7 @@ from starpo_trl.rollout.prompting import (
     first_user_message,
     format_instruction,
     resolve_reply_prefix,
+    shuffled_actions,
 )
 
 LAKE = StartState("starpo/FrozenLake-v0", 0, (("is_slippery", False),))  # Up three times does not end it
@@ -140,6 +141,51 @@ def test_actions_field_lists_and_indexes_the_names_of_each_episodes_env(tiny_tok
         format_instruction(False, "One of {actions}", gym.make("starpo/Countdown-v0").unwrapped)
 
 
+def test_shuffled_actions_are_a_seeded_permutation_spread_over_every_first_action():
+    names = ["Left", "Down", "Right", "Up"]
+    orders = [shuffled_actions(names, seed, copy) for seed in range(100) for copy in range(4)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert orders == [shuffled_actions(names, seed, copy) for seed in range(100) for copy in range(4)]  # reproducible
+    assert names == ["Left", "Down", "Right", "Up"]  # the env's list is not shuffled in place
+    firsts = [o[0] for o in orders]
+    assert all(70 <= firsts.count(name) <= 130 for name in names)  # 100 each expected of 400
+    assert len({tuple(o) for o in orders[:4]}) > 1  # the copies of one start state differ
+
+
+def test_each_episode_shows_its_own_action_order_on_every_turn_and_window(tiny_tokenizer, scripted):
+    """With ``shuffle_instruction_actions`` every user message of an episode (and a window's fresh first message)
+    ends with the same line: the env's actions in an order of the episode's own, the example its first; a group's
+    episodes draw different orders, and the same run gives the same lines."""
+    template = "One of {actions}: <answer>{example_action}</answer>"
+    names = gym.make("starpo/FrozenLake-v0").unwrapped.action_names
+    starts = [LAKE] * 8 + [StartState("starpo/FrozenLake-v0", seed, LAKE.env_kwargs) for seed in range(1, 9)]
+
+    def lines():
+        eps = engine(
+            tiny_tokenizer, scripted("<answer>Up</answer>"), max_turns=3, enable_think=False,
+            format_instruction=template, shuffle_instruction_actions=True, context_window="window:1",
+        ).run(starts)  # fmt: skip
+        out = []
+        for ep in eps:
+            users = [m["content"].splitlines()[-1] for m in ep.messages if m["role"] == "user"]
+            assert len(users) == 3 and len(set(users)) == 1  # one order for the whole episode
+            assert tiny_tokenizer.decode(ep.turn_prompts[2]).count(users[0]) == 2  # the window's fresh first message too
+            out.append(users[0])
+        return out
+
+    shown = lines()
+    for line in shown:
+        listed = line.removeprefix("One of ").split(":")[0].split(", ")
+        assert sorted(listed) == sorted(names) and line.endswith(f"<answer>{listed[0]}</answer>")
+    assert len(set(shown[:8])) > 1  # one start state, eight episodes: not one order for the group
+    assert len({line.split(", ")[0] for line in shown}) > 1  # first actions spread
+    assert shown == lines()
+    plain = engine(
+        tiny_tokenizer, scripted("<answer>Up</answer>"), max_turns=1, enable_think=False, format_instruction=template
+    ).run([LAKE])[0]
+    assert plain.messages[0]["content"].endswith(f"One of {', '.join(names)}: <answer>{names[0]}</answer>")  # off
+
+
 @pytest.mark.parametrize(
     "template, message",
     [("Answer {answer}", "may name only {example_action}"), ("Broken {", "not a valid template"), ("{0}", "only")],
@@ -164,10 +210,16 @@ def test_bad_prefix_and_instruction_settings_fail_before_any_model_loads(tmp_pat
         make_args(tmp_path, env_id="starpo/Bandit-v0", format_instruction="<answer>{actions[2]}</answer>")
     with pytest.raises(ValueError, match="reply_prefix"):
         make_args(tmp_path, action_format="tool_call", reply_prefix="auto")
+    with pytest.raises(
+        ValueError, match="shuffle_instruction_actions shuffles the actions a format_instruction names"
+    ):
+        make_args(tmp_path, shuffle_instruction_actions=True, format_instruction="Answer <answer>Up</answer>")
     args = make_args(tmp_path, reply_prefix="auto", format_instruction="e.g. <answer> {example_action} </answer>")
     from starpo_trl.config import ROLLOUT_SETTINGS, rollout_config
 
-    assert {"reply_prefix", "format_instruction"} <= set(ROLLOUT_SETTINGS)  # saved with the model for evaluate.py
+    assert {"reply_prefix", "format_instruction", "shuffle_instruction_actions"} <= set(
+        ROLLOUT_SETTINGS
+    )  # saved with the model for evaluate.py
     assert rollout_config(args).prefix_text() == "<think>"
 
 
