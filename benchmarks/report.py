@@ -697,6 +697,19 @@ def render_readme(text: str, results: dict, tables: dict | None = None) -> str:
     return text
 
 
+REAL_MODEL_BLOCK = "real-model"  # BENCHMARKS.md's block that experiments/report.py writes (the real model's learning)
+
+
+def kept_block(name: str) -> list[str]:
+    """BENCHMARKS.md's ``<!-- results:NAME -->`` block as the file holds it now: another report writes it
+    (experiments/report.py, from experiments/results.json, as it writes README's real-model table) and these
+    scripts keep it as it is."""
+    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    text = MARKDOWN.read_text() if MARKDOWN.exists() else ""
+    inner = text.split(start, 1)[1].split(end, 1)[0].strip("\n") if start in text else ""
+    return [start, *inner.splitlines(), end, ""]
+
+
 def one(key: str, render):
     """A renderer of section ``key`` alone: its lines when it is stored, none otherwise."""
     return lambda results: render(results[key]) if key in results else []
@@ -729,16 +742,18 @@ def render_sections(head: list[str], sections, results: dict) -> str:
 
 
 def render(results: dict) -> str:
-    """BENCHMARKS.md's text for ``results``."""
+    """BENCHMARKS.md's text for ``results``; the real model's block kept as the file holds it (``kept_block``)."""
     head = [
         "# Benchmarks",
         "",
         "Written by the scripts in `benchmarks/` from `benchmarks/results.json`; do not edit by hand. The studies "
         "(learning, the algorithm comparisons: GiGPO against GRPO and a critic, the refill, overlong turns; "
-        "collapse; the real model) are in [experiments/](experiments/README.md).",
+        "collapse; the real model) are in [experiments/](experiments/README.md); their real-model results are "
+        "summed up below.",
         "",
     ]
-    return render_sections(head, SECTIONS, results)
+    demo, *rest = SECTIONS  # the real model's learning after the CPU demo's
+    return render_sections(head, [demo, lambda _: kept_block(REAL_MODEL_BLOCK), *rest], results)
 
 
 def write(results: dict) -> None:

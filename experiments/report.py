@@ -9,12 +9,25 @@ import json
 import pathlib
 import statistics
 
-from benchmarks.report import ROOT, measured_line, one, read, render_readme, render_sections, save, spread_text, stamp
+from benchmarks.report import (
+    REAL_MODEL_BLOCK,
+    ROOT,
+    measured_line,
+    one,
+    read,
+    render_readme,
+    render_sections,
+    save,
+    spread_text,
+    stamp,
+    wrapped,
+)
 from benchmarks.report import provenance as provenance  # the experiments stamp each run entry with it
 
 RESULTS = ROOT / "experiments" / "results.json"
 MARKDOWN = ROOT / "experiments" / "README.md"
 README = ROOT / "README.md"
+BENCHMARKS = ROOT / "BENCHMARKS.md"  # its real-model section is rendered from these results
 
 
 def three(value: float | None) -> str:
@@ -784,6 +797,55 @@ def real_model_table(results: dict) -> list[str]:
 README_TABLES = {"real-model": real_model_table}
 
 
+def benchmarks_lines(results: dict) -> list[str]:
+    """BENCHMARKS.md's real-model section: README's table, then each run of its rows with its provenance."""
+    lines = [
+        "## Learning on the real model (`make bench-real`)",
+        "",
+        "SmolLM2-135M-Instruct on 2 CPU cores, from `experiments/results.json` (written by `python -m "
+        "experiments.real_model rl RECIPE`, one run per seed); method and findings: "
+        "[experiments/real-model.md](experiments/real-model.md), every run with its curves: "
+        "[experiments/](experiments/README.md).",
+        "",
+        *real_model_table(results),
+        "",
+    ]
+    runs = (results.get("real_model") or {}).get("runs", [])
+    rows = [(what, x) for recipe, flags, what, *env in README_RUNS for x in readme_row_runs(runs, recipe, flags, *env)]
+    if not rows:
+        return wrapped(lines)
+    lines += [
+        "Each run of these rows (success and format errors on 256 held-out episodes, before -> after RL):",
+        "",
+        "| row | seed | success | format errors | wall | commit | measured | command |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    recorded = False
+    for what, x in rows:
+        p = x["provenance"]
+        commit = p["commit"][:7] + (" + uncommitted changes" if p.get("dirty") else "")
+        lines.append(
+            f"| {what} | {', '.join(map(str, p.get('seeds') or [0]))} | {three(x['success_before'])} -> "
+            f"{three(x['success_after'])} | {three(x['format_error_before'])} -> {three(x['format_error_after'])} | "
+            f"{x['wall_seconds'] / 60:.0f} min | {commit} | {p['measured_at']} | `{short_command(p['command'])}` |"
+        )
+        recorded = recorded or " record " in p["command"]
+    if recorded:
+        lines += [
+            "",
+            "`record` runs were trained earlier and stored again with a note: the training commit and what shared the "
+            "cores are in their notes (experiments/README.md).",
+        ]
+    return wrapped(lines)
+
+
+def short_command(command: str) -> str:
+    """A stored command without the options ``record`` adds (``--peak_rss_mib``, ``--note`` and what follows)."""
+    for option in (" --peak_rss_mib", " --note"):
+        command = command.split(option)[0]
+    return command
+
+
 def answers_lines(r: dict) -> list[str]:
     """``python -m experiments.answers``: per recipe, the untouched model's answers by format line and temperature,
     each as a share of the model turns."""
@@ -857,6 +919,7 @@ def render(results: dict) -> str:
 
 
 def write(results: dict) -> None:
-    """experiments/README.md and README's real-model table from ``results``."""
+    """experiments/README.md, README's real-model table and BENCHMARKS.md (its real-model section) from ``results``."""
     MARKDOWN.write_text(render(results))
     README.write_text(render_readme(README.read_text(), results, README_TABLES))
+    BENCHMARKS.write_text(render_readme(BENCHMARKS.read_text(), results, {REAL_MODEL_BLOCK: benchmarks_lines}))

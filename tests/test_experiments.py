@@ -20,6 +20,9 @@ def _readme_copy(tmp_path, monkeypatch):
     copy = tmp_path / "README.md"
     copy.write_text((ROOT / "README.md").read_text())
     monkeypatch.setattr(report, "README", copy)
+    benchmarks = tmp_path / "BENCHMARKS.md"  # and BENCHMARKS.md's real-model block
+    benchmarks.write_text((ROOT / "BENCHMARKS.md").read_text())
+    monkeypatch.setattr(report, "BENCHMARKS", benchmarks)
 
 
 def test_record_writes_the_run_entry_and_table(tmp_path, monkeypatch):
@@ -699,6 +702,71 @@ def test_the_readme_shows_a_recipe_run_on_several_seeds_as_means_with_the_range_
         "| the same policies on 16 held-out name pairs (`BanditHeldout-v0`) | 0.500 -> **0.875** (+37.5 points; "
         "0.750-1.000 after); format errors 0.500 -> 0.000 | 70 steps, 100-130 min, seeds 0, 1 |"
     ]
+
+
+def test_benchmarks_md_shows_each_readme_run_with_its_provenance_and_is_rewritten_as_runs_are_stored(
+    tmp_path, monkeypatch
+):
+    """BENCHMARKS.md's real-model block: README's table, then one row per run of its rows (seed, before -> after,
+    wall, commit, time, the command without the options `record` adds); written again whenever the experiments'
+    report is; the benchmarks' own sections stay as they were, and their renderer keeps the block as written."""
+    from experiments import report
+
+    def run(seed, command, dirty):
+        return {
+            "recipe": "experiments/recipes/smollm2-cpu-frozenlake-format-only.yaml",
+            "flags": f"--seed {seed}" if seed else "",
+            "success_before": 0.125,
+            "success_after": 0.5 + seed / 8,
+            "format_error_before": 0.25,
+            "format_error_after": 0.0,
+            "max_steps": 20,
+            "wall_seconds": 60.0 * (40 + seed),
+            "provenance": {
+                "seeds": [seed],
+                "commit": f"{seed}" * 40,
+                "dirty": dirty,
+                "measured_at": f"2026-12-0{seed + 1} 10:00 UTC",
+                "command": command,
+            },
+        }
+
+    results = {
+        "real_model": {
+            "runs": [
+                run(0, "python -m experiments.real_model rl X.yaml", False),
+                run(1, "python -m experiments.real_model record X.yaml runs/r --peak_rss_mib 9 --note Shared. --seed 1", True),
+            ]
+        }
+    }  # fmt: skip
+    monkeypatch.setattr(report, "MARKDOWN", tmp_path / "REPORT.md")
+    monkeypatch.setattr(report, "render", lambda results: "")  # experiments/README.md needs whole run entries
+    report.write(results)
+    text = report.BENCHMARKS.read_text()
+    section = text[text.index("## Learning on the real model") : text.index("## Environment speed")]
+    assert (
+        "| FrozenLake 3x3, warm start on random moves (`experiments/recipes/smollm2-cpu-frozenlake-format-only"
+        in section
+    )
+    assert "0.125 -> **0.562** (+43.8 points; 0.500-0.625 after)" in section  # the means of 0.5 and 0.625
+    assert (
+        "| FrozenLake 3x3, warm start on random moves | 0 | 0.125 -> 0.500 | 0.250 -> 0.000 | 40 min | 0000000 | "
+        "2026-12-01 10:00 UTC | `python -m experiments.real_model rl X.yaml` |" in section
+    )
+    assert (
+        "| FrozenLake 3x3, warm start on random moves | 1 | 0.125 -> 0.625 | 0.250 -> 0.000 | 41 min | 1111111 + "
+        "uncommitted changes | 2026-12-02 10:00 UTC | `python -m experiments.real_model record X.yaml runs/r` |"
+        in section
+    )
+    assert "`record` runs were trained earlier" in section and "Shared." not in section
+    outside = lambda t: t[: t.index("## Learning on the real model")] + t[t.index("## Environment speed") :]  # noqa: E731
+    assert outside(text) == outside((ROOT / "BENCHMARKS.md").read_text())
+    from benchmarks import report as benchmarks_report
+
+    monkeypatch.setattr(benchmarks_report, "MARKDOWN", report.BENCHMARKS)
+    assert benchmarks_report.render(benchmarks_report.load()) == text  # a benchmark stored later keeps the block
+    empty = report.benchmarks_lines({})
+    assert "Not measured yet: `make bench-real`." in empty and not any(line.startswith("| row |") for line in empty)
 
 
 def test_make_bench_real_runs_every_readme_row_on_every_seed_it_shows():

@@ -169,7 +169,9 @@ def test_each_episode_shows_its_own_action_order_on_every_turn_and_window(tiny_t
         for ep in eps:
             users = [m["content"].splitlines()[-1] for m in ep.messages if m["role"] == "user"]
             assert len(users) == 3 and len(set(users)) == 1  # one order for the whole episode
-            assert tiny_tokenizer.decode(ep.turn_prompts[2]).count(users[0]) == 2  # the window's fresh first message too
+            assert (
+                tiny_tokenizer.decode(ep.turn_prompts[2]).count(users[0]) == 2
+            )  # the window's fresh first message too
             out.append(users[0])
         return out
 
