@@ -692,7 +692,11 @@ def collapse_real_lines(r: dict) -> list[str]:
 # the real-model runs the README shows: (recipe, flags without --seed, what it is[, one of its eval envs])
 README_RUNS = (
     ("recipes/smollm2-cpu-frozenlake.yaml", "", "FrozenLake: short warm start, then StarPO-S"),
-    ("recipes/smollm2-cpu-frozenlake-untouched.yaml", "", "FrozenLake 3x3 from the model as it is (no SFT)"),
+    (
+        "experiments/recipes/smollm2-cpu-frozenlake-untouched-shuffled.yaml",
+        "",
+        "FrozenLake 3x3 from the model as it is (no SFT), moves listed in per-episode order",
+    ),
     ("experiments/recipes/smollm2-cpu-frozenlake-format-only.yaml", "", "FrozenLake 3x3, warm start on random moves"),
     (
         "recipes/smollm2-cpu-bandit-untouched-reinforce-skip.yaml",
