@@ -303,12 +303,12 @@ class RolloutEngine:
         """The episodes' first prompts (or their reset errors), and what each run keeps per episode."""
         cfg = self.config
         episodes, live = [], []
-        copies = collections.Counter()  # how many episodes of each start state came before
+        copies = collections.Counter()  # how many episodes of each start state came before (kwargs may hold lists)
         for start, (env, obs, error) in zip(starts, opened):
-            tools, order = None, None
+            tools, order, key = None, None, (start.env_id, start.seed, repr(start.env_kwargs))
             if error is None and cfg.shuffle_instruction_actions and env.unwrapped.action_names:
-                order = shuffled_actions(env.unwrapped.action_names, start.seed, copies[start])
-            copies[start] += 1
+                order = shuffled_actions(env.unwrapped.action_names, start.seed, copies[key])
+            copies[key] += 1
             if error is None and cfg.action_format == "tool_call":
                 tools = list(getattr(env.unwrapped, "tool_schemas", None) or [])
                 content = obs  # the env's own opening text; the template lists the tools

@@ -182,6 +182,16 @@ def test_each_episode_shows_its_own_action_order_on_every_turn_and_window(tiny_t
     assert len(set(shown[:8])) > 1  # one start state, eight episodes: not one order for the group
     assert len({line.split(", ")[0] for line in shown}) > 1  # first actions spread
     assert shown == lines()
+    pairs = StartState("starpo/Bandit-v0", 3, (("arm_names", [["Tiger", "Crane"]]),))  # kwargs holding lists
+    tigers = engine(
+        tiny_tokenizer, scripted("<answer>Up</answer>"), max_turns=1, enable_think=False,
+        format_instruction=template, shuffle_instruction_actions=True,
+    ).run([pairs] * 8)  # fmt: skip
+    shown_pairs = {ep.messages[0]["content"].splitlines()[-1] for ep in tigers}
+    assert shown_pairs == {
+        "One of Tiger, Crane: <answer>Tiger</answer>",
+        "One of Crane, Tiger: <answer>Crane</answer>",
+    }
     plain = engine(
         tiny_tokenizer, scripted("<answer>Up</answer>"), max_turns=1, enable_think=False, format_instruction=template
     ).run([LAKE])[0]
