@@ -695,7 +695,7 @@ README_RUNS = (
     (
         "experiments/recipes/smollm2-cpu-frozenlake-untouched-shuffled.yaml",
         "",
-        "FrozenLake 3x3 from the model as it is (no SFT), moves listed in per-episode order",
+        "FrozenLake 3x3 from the model as it is (no SFT), per-episode move order",
     ),
     ("experiments/recipes/smollm2-cpu-frozenlake-format-only.yaml", "", "FrozenLake 3x3, warm start on random moves"),
     (
