@@ -79,9 +79,8 @@ class RolloutSettings(Settings):
             order of its own (`{actions}` in that order, `{example_action}` its first), drawn from the
             episode's start seed and its place among the episodes of that start in the rollout (each
             episode of a group draws its own), the same on every run; in training and evaluation alike.
-            A small model tends to answer the listed example or first action: shuffling spreads its
-            first moves over all actions without telling it which is right. Needs a `format_instruction`
-            that names `{actions}` or `{example_action}`.
+            The line then favours no action by its position, and says nothing of which is right.
+            Needs a `format_instruction` that names `{actions}` or `{example_action}`.
         stop_strings (`list[str]` or `None`): a reply ends with the first token that completes one of
             these in its text (kept, as vLLM's `include_stop_str_in_output`); what was sampled after
             it is dropped and the turn closed with the end-of-turn token, as a reply cut at
