@@ -684,11 +684,16 @@ def spread_text(section: dict, key: str) -> str:
 README_TABLES = {"demo": demo_table}
 
 
+def block_markers(name: str) -> tuple[str, str]:
+    """The comments that open and close a rendered block ``NAME`` in README.md or BENCHMARKS.md."""
+    return f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+
+
 def render_readme(text: str, results: dict, tables: dict | None = None) -> str:
     """``text`` (README.md) with each ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block of ``tables``
     (name -> renderer; default: this file's, ``README_TABLES``) rendered from ``results``."""
     for name, render in (README_TABLES if tables is None else tables).items():
-        start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+        start, end = block_markers(name)
         if start not in text:
             continue
         head, rest = text.split(start, 1)
@@ -704,7 +709,7 @@ def kept_block(name: str) -> list[str]:
     """BENCHMARKS.md's ``<!-- results:NAME -->`` block as the file holds it now: another report writes it
     (experiments/report.py, from experiments/results.json, as it writes README's real-model table) and these
     scripts keep it as it is."""
-    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    start, end = block_markers(name)
     text = MARKDOWN.read_text() if MARKDOWN.exists() else ""
     inner = text.split(start, 1)[1].split(end, 1)[0].strip("\n") if start in text else ""
     return [start, *inner.splitlines(), end, ""]

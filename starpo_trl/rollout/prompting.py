@@ -130,7 +130,7 @@ def check_format_instruction(template: str | None, envs: list[tuple[str, dict]])
     """``check_instruction_template``, then, when it names a field, that each ``(env_id, kwargs)`` env has
     named actions, enough for any ``{actions[i]}`` (run before any model loads)."""
     check_instruction_template(template)
-    if template is None or not _template_fields(template):
+    if not names_fields(template):
         return
     import gymnasium
 

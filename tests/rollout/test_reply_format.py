@@ -169,9 +169,8 @@ def test_each_episode_shows_its_own_action_order_on_every_turn_and_window(tiny_t
         for ep in eps:
             users = [m["content"].splitlines()[-1] for m in ep.messages if m["role"] == "user"]
             assert len(users) == 3 and len(set(users)) == 1  # one order for the whole episode
-            assert (
-                tiny_tokenizer.decode(ep.turn_prompts[2]).count(users[0]) == 2
-            )  # the window's fresh first message too
+            window = tiny_tokenizer.decode(ep.turn_prompts[2])
+            assert window.count(users[0]) == 2  # the window's fresh first message too
             out.append(users[0])
         return out
 
@@ -229,9 +228,8 @@ def test_bad_prefix_and_instruction_settings_fail_before_any_model_loads(tmp_pat
     args = make_args(tmp_path, reply_prefix="auto", format_instruction="e.g. <answer> {example_action} </answer>")
     from starpo_trl.config import ROLLOUT_SETTINGS, rollout_config
 
-    assert {"reply_prefix", "format_instruction", "shuffle_instruction_actions"} <= set(
-        ROLLOUT_SETTINGS
-    )  # saved with the model for evaluate.py
+    saved = {"reply_prefix", "format_instruction", "shuffle_instruction_actions"}
+    assert saved <= set(ROLLOUT_SETTINGS)  # saved with the model for evaluate.py
     assert rollout_config(args).prefix_text() == "<think>"
 
 
