@@ -93,6 +93,7 @@ bench-real: $(STAMP)
 	$(PY) -m experiments.real_model rl recipes/smollm2-cpu-frozenlake-untouched.yaml
 	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-untouched-shuffled.yaml
 	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-untouched-shuffled.yaml --seed 1 --output_dir runs/smollm2-frozenlake-untouched-shuffled-s1
+	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-untouched-shuffled.yaml --seed 2 --output_dir runs/smollm2-frozenlake-untouched-shuffled-s2
 	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-format-only.yaml
 	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-format-only.yaml --seed 1 --output_dir runs/smollm2-frozenlake-format-only-s1
 	$(PY) -m experiments.real_model rl experiments/recipes/smollm2-cpu-frozenlake-format-only.yaml --seed 2 --output_dir runs/smollm2-frozenlake-format-only-s2
